@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# ci/setup.sh: installs everything ckverify needs on a fresh Debian 12 machine, idempotently.
+#   - Debian packages: toolchain, test/bench libraries, Eigen, RapidCheck, JSON, CLI11, fmt, gnuplot,
+#     and Debian's libtorch-dev (the floor build, LibTorch 1.13.1).
+#   - The primary LibTorch: PyPI's torch wheel at a pinned version, in the project-local virtual
+#     environment .venv/. The multi-GB wheels are kept in a wheelhouse outside the clone
+#     (~/.cache/ckverify/wheels; CKVERIFY_CACHE_DIR overrides), so a second set-up on the same machine
+#     fetches nothing.
+# A second run with everything present takes a few seconds (dpkg and pip checks only).
+set -euo pipefail
+TORCH_VERSION="${CKVERIFY_TORCH_VERSION:-2.8.0}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+
+debs=(build-essential cmake ninja-build pkg-config python3-venv
+      librapidcheck-dev libeigen3-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
+      nlohmann-json3-dev libcli11-dev libfmt-dev gnuplot-nox libtorch-dev)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+py="${CKVERIFY_PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$py" -m venv .venv
+fi
+# The wheelhouse lives outside the clone; once complete, (re)installing needs no network at all.
+cache="${CKVERIFY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckverify}"
+wheels="$cache/wheels/torch-$TORCH_VERSION"
+have="$(.venv/bin/python -W ignore -c 'import torch,sys; sys.stdout.write(torch.__version__)' 2>/dev/null || true)"
+if [ "${have%%+*}" != "$TORCH_VERSION" ]; then
+  if [ ! -f "$wheels/.complete" ]; then
+    echo "setup: downloading torch==$TORCH_VERSION and its dependencies into $wheels (about 3 GB, once)"
+    mkdir -p "$wheels"
+    .venv/bin/python -m pip download -q --disable-pip-version-check -d "$wheels" "torch==$TORCH_VERSION"
+    touch "$wheels/.complete"
+  fi
+  echo "setup: installing torch==$TORCH_VERSION into .venv from $wheels"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" "torch==$TORCH_VERSION"
+fi
+echo "setup: ok (torch $(.venv/bin/python -W ignore -c 'import torch,sys; sys.stdout.write(torch.__version__)' 2>/dev/null))"

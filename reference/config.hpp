@@ -1,0 +1,62 @@
+// reference/config.hpp: the model configuration shared by the Eigen fp64 reference and the LibTorch
+// model under test (verifier/model.hpp). It is the "config" part of a Case (verifier/case.hpp): both
+// sides build the same Transformer from it, so it lives here, below both, with no LibTorch dependency.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ckv {
+
+enum class NormKind { layer, rms };
+enum class NormPlacement { pre, post };
+enum class Activation { relu, gelu_tanh, gelu_erf, swiglu };
+enum class LossKind { cross_entropy, mse };
+
+// The dropout sites of one block, in forward order. The reference never draws masks; the caller
+// passes the mask drawn at each site (verifier/dropout_tap.hpp records them on the LibTorch side).
+enum class DropoutSite : int { attn_probs = 0, attn_out = 1, ffn_hidden = 2, ffn_out = 3 };
+inline constexpr int kNumDropoutSites = 4;
+inline constexpr std::array<DropoutSite, kNumDropoutSites> kAllDropoutSites = {
+    DropoutSite::attn_probs, DropoutSite::attn_out, DropoutSite::ffn_hidden, DropoutSite::ffn_out};
+
+struct ModelConfig {
+  int layers = 2;
+  int d_model = 16;
+  int heads = 2;
+  int ffn_mult = 4;  // FFN hidden width = ffn_mult * d_model
+  int vocab = 11;    // head output width (classes for cross-entropy, regression width for MSE)
+  NormKind norm = NormKind::layer;
+  NormPlacement placement = NormPlacement::pre;
+  bool attention = true;  // false: the block is norm -> FFN -> residual only (seed 001's lab block)
+  bool causal = true;
+  Activation activation = Activation::gelu_tanh;
+  LossKind loss = LossKind::cross_entropy;
+
+  int head_dim() const { return d_model / heads; }
+  int d_ff() const { return ffn_mult * d_model; }
+  bool operator==(const ModelConfig& o) const;
+  bool operator!=(const ModelConfig& o) const { return !(*this == o); }
+};
+
+inline constexpr double kNormEps = 1e-5;
+
+// Enum names: the only spelling used in Case lines, JSON and error messages.
+std::string_view to_string(NormKind v);
+std::string_view to_string(NormPlacement v);
+std::string_view to_string(Activation v);
+std::string_view to_string(LossKind v);
+std::string_view to_string(DropoutSite v);
+
+// Parsing returns false on an unknown name; `allowed` lists the valid names ("a|b|c").
+bool parse_enum(std::string_view s, NormKind& out);
+bool parse_enum(std::string_view s, NormPlacement& out);
+bool parse_enum(std::string_view s, Activation& out);
+bool parse_enum(std::string_view s, LossKind& out);
+bool parse_enum(std::string_view s, DropoutSite& out);
+template <class E> std::string allowed_names();
+
+}  // namespace ckv
