@@ -43,7 +43,10 @@ else()
   set_target_properties(ckv::torch PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${_ckv_root}/include;${_ckv_root}/include/torch/csrc/api/include"
     INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${_ckv_root}/include;${_ckv_root}/include/torch/csrc/api/include"
-    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=1"
+    # The wheel bundles fmt 11 headers in its include directory, which shadow Debian's fmt 9 in every
+    # translation unit that includes LibTorch: such units use fmt header-only (inline namespace
+    # fmt::v11, so no clash with the fmt::v9 that torch-free units link from libfmt.so).
+    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=1;FMT_HEADER_ONLY=1"
     # --no-as-needed keeps libtorch.so (and with it libtorch_cuda.so) even though we call no symbol in it
     INTERFACE_LINK_OPTIONS "LINKER:--no-as-needed;LINKER:-rpath,${_ckv_lib}"
     INTERFACE_LINK_LIBRARIES "${_ckv_lib}/libtorch.so;${_ckv_lib}/libtorch_cpu.so;${_ckv_lib}/libc10.so")

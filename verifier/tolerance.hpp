@@ -1,0 +1,28 @@
+// verifier/tolerance.hpp: the one tolerance table (DESIGN.md, "Tolerances"). Keyed by the precision
+// of the run under test and the kind of comparison; rtol and atol always as a pair, and every entry
+// says why it is what it is. A comparison passes elementwise when |actual - expected| <= atol + rtol*|expected|.
+// An override is a scoped Tolerance value built with `with_reason`, never an edit of a call site's numbers.
+#pragma once
+
+#include <string>
+
+#include "verifier/case.hpp"
+
+namespace ckv {
+
+enum class Comparison {
+  vs_reference,  // LibTorch (any precision) against the Eigen fp64 reference, same masks
+  vs_baseline,   // checkpointed against non-checkpointed LibTorch, same device and precision
+};
+
+struct Tolerance {
+  double rtol = 0.0;
+  double atol = 0.0;
+  std::string why;
+  bool exact() const { return rtol == 0.0 && atol == 0.0; }
+  Tolerance with_reason(double r, double a, std::string reason) const { return {r, a, std::move(reason)}; }
+};
+
+Tolerance tolerance_for(Precision p, Comparison k);
+
+}  // namespace ckv
