@@ -67,6 +67,7 @@ struct AutocastState {
     set_autocast_dtype(c10::DeviceType::CPU, cpu_dtype);
     set_autocast_dtype(c10::DeviceType::CUDA, cuda_dtype);
   }
+  static void apply_default() { AutocastState{}.apply(); }
   bool operator==(const AutocastState& o) const {
     return cpu_enabled == o.cpu_enabled && cuda_enabled == o.cuda_enabled && cpu_dtype == o.cpu_dtype &&
            cuda_dtype == o.cuda_dtype;
@@ -98,4 +99,25 @@ inline at::Generator default_generator(const c10::Device& d) {
   return at::globalContext().defaultGenerator(d);
 }
 
+}  // namespace ckv::compat
+
+namespace ckv::compat {
+// RAII: installs a whole AutocastState (both device types) for a scope, as a checkpoint recompute must,
+// and restores the previous one on exit, also when the scope is left by an exception.
+class ScopedAutocastState {
+ public:
+  explicit ScopedAutocastState(const AutocastState& s) : saved_(AutocastState::current()) {
+    s.apply();
+    at::autocast::increment_nesting();
+  }
+  ~ScopedAutocastState() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    saved_.apply();
+  }
+  ScopedAutocastState(const ScopedAutocastState&) = delete;
+  ScopedAutocastState& operator=(const ScopedAutocastState&) = delete;
+
+ private:
+  AutocastState saved_;
+};
 }  // namespace ckv::compat

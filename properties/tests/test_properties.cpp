@@ -1,0 +1,97 @@
+// properties/tests/test_properties.cpp: the core properties under RapidCheck with a fixed seed (set in
+// CMake through RC_PARAMS), on generated Cases, against the builtin checkpoint; and every fault shown
+// to be killed by the property that should kill it.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "properties/generators.hpp"
+#include "properties/properties.hpp"
+#include "verifier/impls.hpp"
+
+namespace ckv {
+namespace {
+
+void assert_all_hold(const Case& c) {
+  auto impl = make_impl("builtin");
+  for (const Finding& f : check_case(c, *impl)) {
+    RC_CLASSIFY(f.property == "rng-replay" && !c.plan.segments(c.model.layers, c.model.attention).empty(), c.plan.to_string());
+    if (!f.held) RC_FAIL(f.property + " at " + f.where + ": " + f.detail);
+  }
+}
+
+RC_GTEST_PROP(Builtin, EveryPropertyHoldsOnGeneratedCases, ()) {
+  const Case c = *gen_case(CaseGenOptions{});
+  RC_TAG(to_string(c.dropout_impl), c.plan.to_string());
+  assert_all_hold(c);
+}
+
+// Every plan gets its own run, so each is exercised whatever the generator's luck.
+class EveryPlan : public ::testing::TestWithParam<const char*> {};
+TEST_P(EveryPlan, BuiltinHoldsWithDropout) {
+  CaseGenOptions o;
+  std::string err;
+  Plan p;
+  ASSERT_TRUE(Plan::parse(GetParam(), p, err));
+  o.plan = p;
+  o.force_dropout = true;
+  EXPECT_TRUE(rc::check(std::string("plan ") + GetParam(), [&] { assert_all_hold(*gen_case(o)); }));
+}
+INSTANTIATE_TEST_SUITE_P(Plans, EveryPlan, ::testing::Values("none", "block", "every2", "seg2", "sqrt", "attn", "ffn", "from1"));
+
+// ---- faults: each must be killed, by the expected property, naming the site ----
+Case dropout_case(const char* impl) {
+  Case c = case_from_line("layers=3 d=8 heads=2 ffn=2 vocab=5 drop=0.2,0.2,0.3,0.2 batch=2 seq=4 steps=2 plan=block seed=5");
+  c.impl = impl;
+  return c;
+}
+const Finding& finding(const std::vector<Finding>& fs, const std::string& property) {
+  for (const auto& f : fs)
+    if (f.property == property) return f;
+  throw std::logic_error("no finding for " + property);
+}
+
+TEST(Faults, NoPreserveRngIsCaughtByRngReplayAndGradReferenceNamingTheSite) {
+  const Case c = dropout_case("no-preserve-rng");
+  auto impl = make_impl(c.impl);
+  const auto fs = check_case(c, *impl);
+  const Finding& rng = finding(fs, "rng-replay");
+  EXPECT_FALSE(rng.held);
+  EXPECT_NE(rng.where.find("layer2 attn_probs call 1"), std::string::npos) << rng.where;  // last block recomputes first
+  EXPECT_NE(rng.detail.find("differs from the first forward's"), std::string::npos) << rng.detail;
+  const Finding& ref = finding(fs, "grad-reference");
+  EXPECT_FALSE(ref.held);
+  EXPECT_NE(ref.where.find("step 0 layer"), std::string::npos) << ref.where;
+  EXPECT_NE(ref.detail.find("Mismatched elements"), std::string::npos) << ref.detail;
+}
+
+TEST(Faults, EveryListedFaultIsKilledByItsProperty) {
+  for (const ImplInfo& info : known_impls()) {
+    if (info.killed_by.empty() || info.needs_cuda) continue;  // CUDA-only faults: the test below
+    auto impl = make_impl(info.name);
+    const auto fs = check_case(dropout_case(info.name.c_str()), *impl);
+    EXPECT_FALSE(finding(fs, info.killed_by).held) << info.name << " survived " << info.killed_by;
+  }
+}
+
+TEST(Faults, CpuRngOnlyIsKilledOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device: the CUDA generators are what this fault forgets";
+  Case c = dropout_case("cpu-rng-only");
+  c.device = "cuda";
+  auto impl = make_impl(c.impl);
+  EXPECT_FALSE(finding(check_case(c, *impl), "rng-replay").held);
+}
+
+TEST(Faults, BuiltinSurvivesTheSameCase) {
+  auto impl = make_impl("builtin");
+  for (const Finding& f : check_case(dropout_case("builtin"), *impl)) EXPECT_TRUE(f.held) << f.property << ": " << f.detail;
+}
+
+TEST(Faults, WithoutDropoutNoPreserveRngIsHarmless) {
+  Case c = dropout_case("no-preserve-rng");
+  c.dropout = {};
+  auto impl = make_impl(c.impl);
+  for (const Finding& f : check_case(c, *impl)) EXPECT_TRUE(f.held) << f.property << ": " << f.detail;
+}
+
+}  // namespace
+}  // namespace ckv
