@@ -26,16 +26,17 @@ std::vector<CompareResult> reference_comparisons(const RunObservation& run, cons
   }
   const ReferenceResult ref = reference_forward_backward(c.model, params, run.data, masks, faults);
   const StepObservation& so = run.steps.at(static_cast<size_t>(step));
-  const Tolerance tol = tolerance_for(c.precision, Comparison::vs_reference);
+  const Tolerance base_tol = tolerance_for(c.precision, Comparison::vs_reference);
+  const auto tol_for = [&](const std::vector<double>& expected) { return scaled_to_tensor(base_tol, expected); };
   std::vector<CompareResult> out;
-  out.push_back(compare_values({"loss", {}, {}}, {so.loss}, {ref.loss}, tol));
+  out.push_back(compare_values({"loss", {}, {}}, {so.loss}, {ref.loss}, tol_for({ref.loss})));
   // Backward order (head first, layer 0 last): the first tensor that diverges is where backward first
   // went wrong, not a downstream consequence of it.
   for (size_t k = ref.grads.items.size(); k-- > 0;) {
     const NamedArray& g = ref.grads.items[k];
-    out.push_back(compare_values({g.name + ".grad", g.shape, dims_of(g)}, so.grads.items.at(k).data, g.data, tol));
+    out.push_back(compare_values({g.name + ".grad", g.shape, dims_of(g)}, so.grads.items.at(k).data, g.data, tol_for(g.data)));
   }
-  out.push_back(compare_values({"x.grad", {c.batch, c.seq, c.model.d_model}, {"b", "t", "c"}}, so.dx, ref.dx, tol));
+  out.push_back(compare_values({"x.grad", {c.batch, c.seq, c.model.d_model}, {"b", "t", "c"}}, so.dx, ref.dx, tol_for(ref.dx)));
   return out;
 }
 

@@ -1,6 +1,9 @@
 // verifier/tolerance.cpp: the table itself (see tolerance.hpp).
 #include "verifier/tolerance.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 namespace ckv {
 
 Tolerance tolerance_for(Precision p, Comparison k) {
@@ -21,6 +24,16 @@ Tolerance tolerance_for(Precision p, Comparison k) {
       return {1e-2, 4e-3, "fp16 autocast (11-bit mantissa, eps 9.8e-4) vs fp64 reference, over the layer stack"};
   }
   return {};
+}
+
+Tolerance scaled_to_tensor(const Tolerance& t, const std::vector<double>& expected) {
+  double scale = 1.0;
+  for (double v : expected)
+    if (std::isfinite(v)) scale = std::max(scale, std::abs(v));
+  Tolerance out = t;
+  out.atol *= scale;
+  if (scale > 1.0) out.why += " (atol scaled by the tensor's largest |expected|)";
+  return out;
 }
 
 }  // namespace ckv

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "verifier/case.hpp"
 
@@ -24,5 +25,11 @@ struct Tolerance {
 };
 
 Tolerance tolerance_for(Precision p, Comparison k);
+
+// vs_reference comparisons measure atol in units of the tensor's scale: atol * max(1, max_i |expected_i|).
+// Rounding error in a gradient element grows with the magnitudes summed into it, which are bounded by
+// the tensor's largest element, not by the element itself (a small entry of a large-gradient tensor
+// carries the rounding of its large neighbours' products).
+Tolerance scaled_to_tensor(const Tolerance& t, const std::vector<double>& expected);
 
 }  // namespace ckv

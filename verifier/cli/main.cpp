@@ -248,9 +248,9 @@ int main(int argc, char** argv) {
                "Exit codes: 0 all properties held, 1 a property failed, 2 bad usage or input, 3 internal error."};
   app.require_subcommand(1);
   std::string impl = "builtin", plan, json_path, repro_path = "ckverify-repro.json", device = "cpu", case_path;
-  int cases = 40;
+  int cases = 4000;
   uint64_t seed = 1;
-  double budget = 600;
+  double budget = 180;
 
   auto* check = app.add_subcommand("check", "Run the properties (grad-baseline, rng-replay, recompute-count, "
                                             "grad-reference, exception-safe) over generated Cases; shrink any failure.");

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# ci/test.sh: the README's test command. Set-up, then
+#   primary build (PyPI LibTorch): build everything, run the full ctest suite;
+#   floor build (Debian libtorch 1.13.1): build everything, run the fast tests.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+t0=$(date +%s)
+bash ci/setup.sh
+t1=$(date +%s)
+jobs="${CKVERIFY_JOBS:-$(nproc)}"
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$jobs"
+t2=$(date +%s)
+ctest --test-dir build --output-on-failure -j 1
+t3=$(date +%s)
+
+cmake -S . -B build-floor -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKVERIFY_FLOOR=ON >/dev/null
+cmake --build build-floor -j "$jobs"
+t4=$(date +%s)
+ctest --test-dir build-floor --output-on-failure -L fast -j 1
+t5=$(date +%s)
+echo "ci/test.sh timings: setup $((t1-t0))s, primary build $((t2-t1))s, primary tests $((t3-t2))s, floor build $((t4-t3))s, floor tests $((t5-t4))s"

@@ -1,0 +1,44 @@
+// verifier/bench/bench_gate.cpp: the gate's cost (Google Benchmark, not a timed test).
+//   BM_GateCase     one generated Case through every property (baseline + checkpointed run + fp64
+//                   reference + exception experiment), cycling over the same 64 cases `ckverify check` draws
+//   BM_VerifiedCase / BM_PlainStep  one fixed default-size case: fully verified vs one plain training
+//                   step (forward + backward + SGD, no checkpointing); their ratio is the verification overhead.
+#include <benchmark/benchmark.h>
+#include <rapidcheck.h>
+
+#include "properties/generators.hpp"
+#include "properties/properties.hpp"
+#include "verifier/impls.hpp"
+
+namespace {
+using namespace ckv;
+
+Case default_case() {
+  return case_from_line("layers=4 d=16 heads=2 ffn=4 vocab=11 drop=0.1 batch=2 seq=8 steps=1 plan=block seed=3");
+}
+
+void BM_VerifiedCase(benchmark::State& st) {
+  const Case c = default_case();
+  auto impl = make_impl("builtin");
+  for (auto _ : st) benchmark::DoNotOptimize(check_case(c, *impl));
+}
+void BM_PlainStep(benchmark::State& st) {
+  Case c = default_case();
+  c.plan = Plan{};
+  for (auto _ : st) benchmark::DoNotOptimize(run_case(c, nullptr));
+}
+void BM_GateCase(benchmark::State& st) {
+  std::vector<Case> cases;
+  const auto gen = gen_case(CaseGenOptions{});
+  for (int i = 0; i < 64; ++i) cases.push_back(gen(rc::Random(static_cast<uint64_t>(i) + 1), 100).value());
+  auto impl = make_impl("builtin");
+  size_t i = 0;
+  for (auto _ : st) benchmark::DoNotOptimize(check_case(cases[i++ % cases.size()], *impl));
+  st.counters["cases_per_s"] = benchmark::Counter(static_cast<double>(st.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_VerifiedCase)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlainStep)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GateCase)->Unit(benchmark::kMillisecond);
+}  // namespace
+
+BENCHMARK_MAIN();
