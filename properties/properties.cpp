@@ -43,6 +43,11 @@ std::vector<CompareResult> reference_comparisons(const RunObservation& run, cons
 Finding grad_reference(const RunObservation& run, const ReferenceFaults& faults) {
   Finding f;
   f.property = "grad-reference";
+  if (const Tolerance t = tolerance_for(run.c.precision, Comparison::vs_reference); !t.applicable) {
+    f.applicable = false;
+    f.detail = "not applicable at prec=" + std::string(to_string(run.c.precision)) + ": " + t.why;
+    return f;
+  }
   for (int s = 0; s < static_cast<int>(run.steps.size()); ++s)
     for (const CompareResult& r : reference_comparisons(run, s, faults))
       if (!r.ok()) {

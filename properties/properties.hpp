@@ -18,6 +18,7 @@ struct Finding {
   std::string where;     // first diverging tensor or site, for example "step 0 layer1.attn.wq.weight.grad"
   std::string detail;    // the one-line comparison message (STYLE.md) or a sentence
   int step = -1;
+  bool applicable = true;  // false: the property does not apply to this Case (never counted as held)
 };
 
 // grad-reference: at every step, LibTorch's loss, parameter gradients and input gradient match the

@@ -84,6 +84,30 @@ class GlobalStateGuard {
   bool armed_ = true;
 };
 
+// The recompute differentiates w.r.t. detached copies of the inputs. A detached copy is a leaf, and
+// autocast caches its lower-precision cast when the tensor is an fp32 leaf that requires grad: all
+// consumers of the input then share one cast, and their gradients meet in bf16/fp16 before being
+// cast back, whereas the first forward (where the input was not a leaf) cast per consumer and summed
+// in fp32. That shifted gradients by one bf16 ulp. So an input that was not a leaf in the forward is
+// handed to fn as a view of its detached copy: not a leaf, not cacheable, exactly like the original.
+std::vector<torch::Tensor> detach_like_forward(const std::vector<torch::Tensor>& inputs) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : inputs) {
+    torch::Tensor d = t.detach();
+    if (t.is_floating_point()) d.requires_grad_(t.requires_grad());
+    out.push_back(d);
+  }
+  return out;
+}
+std::vector<torch::Tensor> recompute_inputs(const std::vector<torch::Tensor>& detached,
+                                            const std::vector<torch::Tensor>& originals, bool leaf_fault) {
+  if (leaf_fault) return detached;
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < detached.size(); ++i)
+    out.push_back(detached[i].requires_grad() && !originals[i].is_leaf() ? detached[i].view_as(detached[i]) : detached[i]);
+  return out;
+}
+
 std::string version_error(const char* what, size_t i, int64_t before, int64_t now) {
   return "checkpoint: " + std::string(what) + " " + std::to_string(i) +
          " was modified in place between the checkpointed forward and its backward (version " +
@@ -127,12 +151,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<torch::Tensor> detached;
     auto run_fn = [&] {
       detached.clear();
-      for (const auto& t : inputs) {
-        torch::Tensor d = t.detach();
-        if (t.is_floating_point()) d.requires_grad_(t.requires_grad());
-        detached.push_back(d);
-      }
-      out = state->fn(detached);
+      detached = detach_like_forward(inputs);
+      out = state->fn(recompute_inputs(detached, inputs, b.leaf_inputs));
     };
     if (b.no_restore_on_throw) {
       // Broken on purpose: global state is set by hand and put back only if fn returns normally.

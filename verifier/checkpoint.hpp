@@ -13,6 +13,9 @@
 //   - parameter gradients: the segment's parameters are explicit inputs of the autograd node, so they
 //     receive gradients even when no input requires grad (the frozen-embedding / LoRA case where
 //     reentrant checkpoints silently dropped them).
+//   - autocast casts: an input that was not a leaf in the forward is not a leaf in the recompute either
+//     (autocast caches the casts of fp32 leaves, which would change how gradients are summed and shift
+//     bf16 gradients by an ulp: found by ckverify's own grad-baseline on bf16 cases).
 //   - exceptions: RNG, autocast and grad mode are restored by RAII guards when fn throws in recompute.
 //   - in-place changes: an input or parameter modified in place between forward and backward is
 //     detected through its version counter and reported, instead of being silently recomputed from.
@@ -52,6 +55,7 @@ struct Breakage {
   bool recompute_twice = false;         // run the recompute two times
   bool no_restore_on_throw = false;     // restore global state only on the success path
   bool skip_version_check = false;      // recompute from inputs modified in place
+  bool leaf_inputs = false;             // hand fn the detached (leaf) inputs: changes autocast's cast caching
 };
 torch::Tensor checkpoint_variant(const MultiSegmentFn& fn, const std::vector<torch::Tensor>& inputs,
                                  const std::vector<torch::Tensor>& params, CheckpointOptions options,

@@ -26,12 +26,14 @@ class VariantImpl : public CheckpointImpl {
 
 const std::vector<ImplInfo>& known_impls() {
   static const std::vector<ImplInfo> v = {
-      {"builtin", "ckverify's own checkpoint (verifier/checkpoint.hpp)", "", false},
-      {"no-preserve-rng", "the builtin with preserve_rng=false: recompute draws fresh dropout masks", "rng-replay", false},
-      {"cpu-rng-only", "restores the CPU generator but not the CUDA generators", "rng-replay", true},
-      {"inputs-only-grad", "differentiates only w.r.t. the segment inputs: parameters get no gradient", "grad-baseline", false},
-      {"recompute-twice", "runs the recompute twice in backward", "recompute-count", false},
-      {"no-restore-on-throw", "restores RNG, autocast and grad mode only when the recompute succeeds", "exception-safe", false},
+      {"builtin", "ckverify's own checkpoint (verifier/checkpoint.hpp)", "", false, ""},
+      {"no-preserve-rng", "the builtin with preserve_rng=false: recompute draws fresh dropout masks", "rng-replay", false, ""},
+      {"cpu-rng-only", "restores the CPU generator but not the CUDA generators", "rng-replay", true, ""},
+      {"no-autocast-replay", "recomputes under the backward's autocast state instead of the forward's", "grad-baseline", false, "prec=bf16"},
+      {"leaf-input-recompute", "recomputes from detached leaf inputs, so autocast caches their casts (the bf16-ulp bug; post-LN, where block inputs feed linears directly)", "grad-baseline", false, "prec=bf16 pos=post"},
+      {"inputs-only-grad", "differentiates only w.r.t. the segment inputs: parameters get no gradient", "grad-baseline", false, ""},
+      {"recompute-twice", "runs the recompute twice in backward", "recompute-count", false, ""},
+      {"no-restore-on-throw", "restores RNG, autocast and grad mode only when the recompute succeeds", "exception-safe", false, ""},
   };
   return v;
 }
@@ -46,6 +48,10 @@ std::unique_ptr<CheckpointImpl> make_impl(const std::string& name) {
     b.cpu_rng_only = true;
   } else if (name == "no-autocast-replay") {
     b.skip_autocast_replay = true;
+  } else if (name == "no-autocast-replay") {
+    b.skip_autocast_replay = true;
+  } else if (name == "leaf-input-recompute") {
+    b.leaf_inputs = true;
   } else if (name == "inputs-only-grad") {
     b.inputs_only_grad = true;
   } else if (name == "recompute-twice") {

