@@ -38,6 +38,9 @@ RunObservation run_case(const Case& c, CheckpointImpl* impl) {
   obs.data = make_case_data(c.model, c.batch, c.seq, c.seed);
 
   const torch::Device device = parse_device(c.device);
+  if (c.precision == Precision::fp16 && device.is_cpu() && !compat::kCpuFp16Autocast)
+    throw std::invalid_argument("prec=fp16 on cpu needs LibTorch >= 2.3 (CPU autocast to fp16); this build has " +
+                                std::string(TORCH_VERSION));
   // Dropout masks come from the device's default generator, seeded from the case so a run replays.
   torch::manual_seed(c.seed);
   DropoutTap tap(c.dropout_impl, c.dropout);

@@ -14,17 +14,19 @@ Tolerance tolerance_for(Precision p, Comparison k) {
   }
   switch (p) {
     case Precision::fp32:
-      // fp32 vs fp64 through a few layers of matmul/softmax/norm: relative error a few 1e-6 on
-      // O(1) values; gradients summed over B*T rows lose a little more. (PyTorch's own fp32 default is
-      // 1.3e-6/1e-5 for a single op; a whole model needs one decade more.)
+      // fp32 vs fp64 through the layer stack. `calibrate_tolerance 600 fp32`: worst tensor error
+      // relative to the tensor's scale median 8.3e-6, max 6.6e-5; global relative L2 max 2.2e-5.
+      // rtol 2e-4 with atol 2e-5 in tensor-scale units (scaled_to_tensor) keeps a 3x margin over the
+      // worst case seen, and a wrong gradient anywhere is an O(1e-1..1) error.
       return {2e-4, 2e-5, "fp32 model vs fp64 reference: accumulated rounding over the layer stack"};
+    // Measured with `calibrate_tolerance 600 <prec>` (CPU, plan none, one step): the worst tensor's
+    // error is O(1) of its scale, and the relative L2 error of all gradients together is heavy-tailed.
+    // No bound both passes correct runs and catches bugs, so the comparison is reported as not
+    // applicable; grad-baseline (bitwise against the non-checkpointed autocast run) is the AMP check.
     case Precision::bf16:
+      return {0.0, 0.0, "bf16 autocast vs fp64 has no useful bound at these sizes (global relative L2 over 600 cases: median 1.7%, p99 38%, max 70%)", false};
     case Precision::fp16:
-      // Measured over 600 generated bf16 cases (CPU, plan none): the worst tensor's error is O(1) of its
-      // scale (median 27%, max 234%) and the relative L2 error of all gradients together has median
-      // 1.7%, p99 38%, max 70%. No bound both passes correct runs and catches bugs, so this
-      // comparison is reported as not applicable; grad-baseline (bitwise) is the autocast check.
-      return {0.0, 0.0, "autocast gradients vs fp64: no useful bound at these sizes (relative L2 p99 38%)", false};
+      return {0.0, 0.0, "fp16 autocast vs fp64 has no useful bound at these sizes (global relative L2 over 600 cases: median 0.18%, p99 7%, max 32%)", false};
   }
   return {};
 }
