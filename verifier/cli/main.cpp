@@ -1,6 +1,7 @@
 // verifier/cli/main.cpp: the `ckverify` command, the CI gate. Subcommands:
 //   check  run the properties over generated Cases against an implementation; shrink any failure
 //   repro  replay one Case file deterministically and print the same diagnosis
+//   faults run the gate against every fault injector: the killing property and cases-to-kill table
 //   list   the implementations (builtin and the fault injectors) and what should kill each
 // Exit codes: 0 every property held; 1 a property failed; 2 bad usage or bad input; 3 internal error.
 #include <CLI/CLI.hpp>
@@ -99,6 +100,78 @@ struct Progress {
   }
 };
 
+// One RapidCheck search over generated Cases against o.impl. The first failing property is locked:
+// shrinking then only accepts smaller Cases that fail that same property, so the shrunk Case
+// reproduces the original diagnosis rather than drifting to another failure.
+struct Search {
+  int ran = 0;                     // cases run before any failure (shrink attempts not counted)
+  int passing_before_failure = 0;
+  bool budget_hit = false;
+  double elapsed_s = 0.0;
+  std::string property;            // the failing property; empty when every case passed
+  Case failing_case;               // the shrunk Case
+  std::vector<Finding> findings;   // of the shrunk Case
+  std::map<std::string, int> held, not_applicable;
+  std::string gave_up;
+};
+
+Search search_cases(const CaseGenOptions& o, int cases, uint64_t seed, double budget, bool show_progress) {
+  Search s;
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  Progress progress;
+  progress.total = cases;
+  progress.tty = progress.tty && show_progress;
+  const auto property = [&](const Case& c) {
+    if (s.property.empty() && elapsed() > budget) {
+      s.budget_hit = true;
+      return;  // not run and not counted: the report's cases_run says how many ran
+    }
+    const std::vector<Finding> fs = run_checks(c);
+    const Finding* bad = first_failure(fs);
+    if (s.property.empty()) {
+      ++s.ran;
+      progress.tick(s.ran);
+      for (const auto& f : fs) {
+        if (!f.applicable) ++s.not_applicable[f.property];
+        else if (f.held) ++s.held[f.property];
+      }
+    }
+    const bool fails = bad && (s.property.empty() || std::any_of(fs.begin(), fs.end(), [&](const Finding& f) {
+                                 return !f.held && f.property == s.property;
+                               }));
+    if (fails) {
+      if (s.property.empty()) {
+        s.property = bad->property;
+        s.passing_before_failure = s.ran - 1;
+      }
+      s.failing_case = c;
+      s.findings = fs;
+      RC_FAIL(s.property + " failed");
+    }
+  };
+  // RapidCheck announces a seed when it first loads its configuration: make it announce ours (the one
+  // params.seed uses), not a random one that would mislead.
+  ::setenv("RC_PARAMS", ("seed=" + std::to_string(seed)).c_str(), 1);
+  rc::detail::TestParams params;
+  params.seed = seed;
+  params.maxSuccess = cases;
+  params.maxSize = 100;
+  const rc::detail::TestMetadata meta{"ckverify-check", "ckverify check"};
+  // RapidCheck's default listener prints its own "reproduce with RC_PARAMS" banner at exit; ckverify's
+  // repro is the Case file, so the search reports through a listener that stays silent.
+  struct Quiet : rc::detail::TestListener {
+    void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+    void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+    void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+  } quiet;
+  const auto result = rc::detail::checkTestable([&] { property(*gen_case(o)); }, meta, params, quiet);
+  if (progress.tty && s.ran < cases && s.property.empty()) std::fprintf(stderr, "\n");
+  if (result.is<rc::detail::GaveUpResult>()) s.gave_up = result.get<rc::detail::GaveUpResult>().description;
+  s.elapsed_s = elapsed();
+  return s;
+}
+
 int cmd_check(const std::string& impl_name, const std::string& plan_text, int cases, uint64_t seed, double budget,
               const std::string& json_path, const std::string& repro_path, const std::string& device) {
   CaseGenOptions o;
@@ -118,53 +191,14 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
 
   std::cout << "ckverify check: impl=" << impl_name << " plan=" << (plan_text.empty() ? "any" : plan_text)
             << " cases=" << cases << " seed=" << seed << " device=" << device << std::endl;
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-
-  Progress progress;
-  progress.total = cases;
-  int ran = 0;
-  bool budget_hit = false;
-  std::string locked_property;  // once a property fails, shrinking keeps to that property
-  Case failing_case;
-  std::vector<Finding> failing_findings;
-  std::map<std::string, int> held_count, not_applicable;
-
-  const auto property = [&](const Case& c) {
-    if (locked_property.empty() && elapsed() > budget) {
-      budget_hit = true;
-      return;  // not run and not counted: see cases_run in the report
-    }
-    const std::vector<Finding> fs = run_checks(c);
-    const Finding* bad = first_failure(fs);
-    if (locked_property.empty()) {
-      ++ran;
-      progress.tick(ran);
-      for (const auto& f : fs) {
-        if (!f.applicable) ++not_applicable[f.property];
-        else if (f.held) ++held_count[f.property];
-      }
-    }
-    const bool fails = bad && (locked_property.empty() || locked_property == bad->property ||
-                               std::any_of(fs.begin(), fs.end(), [&](const Finding& f) { return !f.held && f.property == locked_property; }));
-    if (fails) {
-      if (locked_property.empty()) locked_property = bad->property;
-      failing_case = c;
-      failing_findings = fs;
-      RC_FAIL(bad->property + " failed");
-    }
-  };
-
-  // RapidCheck announces a random seed of its own when it first loads its configuration; ours is the
-  // one that counts (params.seed below), so give it that one to announce nothing misleading.
-  ::setenv("RC_PARAMS", ("seed=" + std::to_string(seed)).c_str(), 0);
-  rc::detail::TestParams params;
-  params.seed = seed;
-  params.maxSuccess = cases;
-  params.maxSize = 100;
-  rc::detail::TestMetadata meta{"ckverify-check", "ckverify check"};
-  const auto result = rc::detail::checkTestable([&] { property(*gen_case(o)); }, meta, params);
-  if (progress.tty && ran < cases) std::fprintf(stderr, "\n");
+  const Search r = search_cases(o, cases, seed, budget, /*progress=*/true);
+  const int ran = r.ran;
+  const bool budget_hit = r.budget_hit;
+  const std::string& locked_property = r.property;
+  const Case& failing_case = r.failing_case;
+  const std::vector<Finding>& failing_findings = r.findings;
+  auto held_count = r.held, not_applicable = r.not_applicable;
+  auto elapsed = [&] { return r.elapsed_s; };
 
   json report = {{"tool", "ckverify"},          {"command", "check"},       {"impl", impl_name},
                  {"plan", plan_text.empty() ? "any" : plan_text}, {"seed", seed}, {"device", device},
@@ -181,16 +215,13 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
     if (!repro_path.empty()) write_atomically(repro_path, to_json(failing_case));
     std::cout << "\n";
     print_diagnosis(failing_case, *f, failing_findings, repro_path);
-    if (result.is<rc::detail::FailureResult>()) {
-      const auto& fr = result.get<rc::detail::FailureResult>();
-      std::cout << "  found after " << fr.numSuccess << " passing case(s), then shrunk\n";
-    }
+    std::cout << "  found after " << r.passing_before_failure << " passing case(s), then shrunk\n";
     report["failure"] = {{"case", json::parse(to_json(failing_case))}, {"case_line", to_line(failing_case)},
                          {"property", f->property}, {"where", f->where}, {"detail", f->detail},
                          {"repro", repro_path.empty() ? "" : "ckverify repro " + repro_path}};
     code = kExitFailed;
-  } else if (result.is<rc::detail::GaveUpResult>()) {
-    std::cout << "internal error: generator gave up: " << result.get<rc::detail::GaveUpResult>().description << "\n";
+  } else if (!r.gave_up.empty()) {
+    std::cout << "internal error: generator gave up: " << r.gave_up << "\n";
     code = kExitInternal;
   } else {
     for (const auto& name : property_names()) {
@@ -239,6 +270,44 @@ int cmd_repro(const std::string& path, const std::string& json_path) {
   return bad ? kExitFailed : kExitOk;
 }
 
+// The proof of power (DESIGN.md, "Faults"): every fault run through the same search as `check`,
+// with the property that killed it and how many cases it took.
+int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_path, const std::string& device) {
+  check_writable(json_path, "--json");
+  if (cases < 1) throw UsageError("--cases must be >= 1");
+  const bool cuda = device != "cpu";
+  std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device << "\n\n";
+  std::printf("%-22s %-16s %-16s %8s  %s\n", "fault", "expected", "killed by", "cases", "shrunk case");
+  json rows = json::array();
+  int survivors = 0;
+  for (const ImplInfo& info : known_impls()) {
+    if (info.killed_by.empty()) continue;
+    if (info.needs_cuda && !cuda) {
+      std::printf("%-22s %-16s %-16s %8s  %s\n", info.name.c_str(), info.killed_by.c_str(), "NOT RUN", "-",
+                  "needs --device cuda");
+      rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", "needs CUDA"}});
+      continue;
+    }
+    CaseGenOptions o;
+    o.impl = info.name;
+    o.device = device;
+    const Search r = search_cases(o, cases, seed, budget, /*progress=*/false);
+    const bool killed = !r.property.empty();
+    survivors += !killed;
+    const std::string kills = killed ? std::to_string(r.passing_before_failure + 1) : "-";
+    std::printf("%-22s %-16s %-16s %8s  %s\n", info.name.c_str(), info.killed_by.c_str(),
+                killed ? r.property.c_str() : "SURVIVED", kills.c_str(), killed ? to_line(r.failing_case).c_str() : "");
+    rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", true}, {"killed", killed},
+                    {"killed_by", r.property}, {"cases_to_kill", killed ? r.passing_before_failure + 1 : 0},
+                    {"cases_run", r.ran}, {"shrunk_case", killed ? to_line(r.failing_case) : ""}});
+  }
+  if (!json_path.empty())
+    write_atomically(json_path, json{{"tool", "ckverify"}, {"command", "faults"}, {"seed", seed}, {"faults", rows},
+                                     {"survivors", survivors}}.dump(2) + "\n");
+  std::cout << "\n" << (survivors ? "FAIL: " + std::to_string(survivors) + " fault(s) survived" : std::string("PASS: every fault that ran was killed")) << std::endl;
+  return survivors ? kExitFailed : kExitOk;
+}
+
 int cmd_list() {
   for (const auto& i : known_impls())
     std::cout << i.name << (i.killed_by.empty() ? "" : "  [fault; killed by " + i.killed_by + "]")
@@ -272,6 +341,13 @@ int main(int argc, char** argv) {
   repro->add_option("case", case_path, "Case JSON file (as written by `check`)")->required();
   repro->add_option("--json", json_path, "Write a machine-readable report to this file");
 
+  auto* faults = app.add_subcommand("faults", "Run the gate against every fault injector: which property kills each, after how many cases.");
+  int fault_cases = 500;
+  faults->add_option("--cases", fault_cases, "Cases per fault before it counts as having survived")->capture_default_str();
+  faults->add_option("--seed", seed, "RapidCheck seed")->capture_default_str();
+  faults->add_option("--json", json_path, "Write the table as JSON to this file");
+  faults->add_option("--device", device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
+
   auto* list = app.add_subcommand("list", "List the implementations: builtin and the fault injectors.");
 
   try {
@@ -290,6 +366,7 @@ int main(int argc, char** argv) {
     }
     if (*check) return cmd_check(impl, plan, cases, seed, budget, json_path, repro_path, device);
     if (*repro) return cmd_repro(case_path, json_path);
+    if (*faults) return cmd_faults(fault_cases, seed, budget, json_path, device);
     if (*list) return cmd_list();
   } catch (const UsageError& e) {
     std::cerr << "ckverify: " << e.what() << std::endl;
