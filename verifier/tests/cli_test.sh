@@ -28,5 +28,10 @@ expect 2 "unknown impl" -- "$ck" check --impl nope
 expect 2 "missing output directory" -- "$ck" check --cases 5 --json nodir/r.json
 [ ! -e nodir ] || { echo "FAIL: created output"; fails=$((fails+1)); }
 ls *.tmp* >/dev/null 2>&1 && { echo "FAIL: temporary files left"; fails=$((fails+1)); }
+expect 0 "every fault is killed" -- "$ck" faults --cases 300 --json faults.json
+for f in no-preserve-rng no-autocast-replay leaf-input-recompute inputs-only-grad recompute-twice no-restore-on-throw; do
+  grep -q "^$f .* [0-9][0-9]*  layers=" out.txt || { echo "FAIL: fault $f not shown as killed"; fails=$((fails+1)); }
+done
+grep -q '"survivors": 0' faults.json || { echo "FAIL: faults report"; fails=$((fails+1)); }
 echo "cli_test: $fails failure(s)"
 exit $((fails > 0))
