@@ -17,13 +17,7 @@ std::vector<std::string> dims_of(const NamedArray& a) {
 std::vector<CompareResult> reference_comparisons(const RunObservation& run, const int step, const ReferenceFaults& faults) {
   const Case& c = run.c;
   const ParamSet& params = step == 0 ? run.initial_params : run.steps.at(static_cast<size_t>(step - 1)).params_after;
-  DropoutMasks masks = DropoutMasks::none(c.model.layers);
-  masks.p = c.dropout;
-  for (const auto& r : run.masks) {
-    if (r.step != step || r.call != 0) continue;
-    const torch::Tensor f = r.mask.to(torch::kDouble).contiguous();
-    masks.masks[static_cast<size_t>(r.layer)][static_cast<size_t>(r.site)].assign(f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
-  }
+  const DropoutMasks masks = reference_masks(run.masks, c.model, c.dropout, step);
   const ReferenceResult ref = reference_forward_backward(c.model, params, run.data, masks, faults);
   const StepObservation& so = run.steps.at(static_cast<size_t>(step));
   const Tolerance base_tol = tolerance_for(c.precision, Comparison::vs_reference);
@@ -164,7 +158,8 @@ Finding exception_safe(const Case& c, CheckpointImpl& impl) {
   };
   torch::Tensor out;
   {
-    compat::AutocastGuard ac(device.type(), c.precision != Precision::fp32, autocast_dtype(c.precision));
+    compat::ScopedAutocastState ac(
+        compat::AutocastState::current().with(device.type(), c.precision != Precision::fp32, autocast_dtype(c.precision)));
     out = impl.run(fn, x, lin->parameters());
   }
   torch::manual_seed(c.seed + 1);  // a backward-time RNG state distinct from the forward's

@@ -68,31 +68,23 @@ struct AutocastState {
     set_autocast_dtype(c10::DeviceType::CUDA, cuda_dtype);
   }
   static void apply_default() { AutocastState{}.apply(); }
+  // This state with autocast on device type `t` switched on (to `dtype`) or off.
+  AutocastState with(c10::DeviceType t, bool enabled, at::ScalarType dtype) const {
+    AutocastState s = *this;
+    if (t == c10::DeviceType::CUDA) {
+      s.cuda_enabled = enabled;
+      if (enabled) s.cuda_dtype = dtype;
+    } else {
+      s.cpu_enabled = enabled;
+      if (enabled) s.cpu_dtype = dtype;
+    }
+    return s;
+  }
   bool operator==(const AutocastState& o) const {
     return cpu_enabled == o.cpu_enabled && cuda_enabled == o.cuda_enabled && cpu_dtype == o.cpu_dtype &&
            cuda_dtype == o.cuda_dtype;
   }
   bool operator!=(const AutocastState& o) const { return !(*this == o); }
-};
-
-// RAII: enables autocast to `dtype` on `device_type` (like `with torch.autocast(...)`), restores the
-// previous state and clears the cast cache on exit, as Python's context manager does.
-class AutocastGuard {
- public:
-  AutocastGuard(c10::DeviceType t, bool enabled, at::ScalarType dtype) : saved_(AutocastState::current()) {
-    set_autocast_enabled(t, enabled);
-    if (enabled) set_autocast_dtype(t, dtype);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastGuard() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    saved_.apply();
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  AutocastState saved_;
 };
 
 inline at::Generator default_generator(const c10::Device& d) {
@@ -102,8 +94,9 @@ inline at::Generator default_generator(const c10::Device& d) {
 }  // namespace ckv::compat
 
 namespace ckv::compat {
-// RAII: installs a whole AutocastState (both device types) for a scope, as a checkpoint recompute must,
-// and restores the previous one on exit, also when the scope is left by an exception.
+// RAII: installs a whole AutocastState (both device types) for a scope, like `with torch.autocast(...)`
+// or a checkpoint recompute, and restores the previous one on exit (exceptions included), clearing the
+// cast cache when the outermost autocast scope ends, as Python's context manager does.
 class ScopedAutocastState {
  public:
   explicit ScopedAutocastState(const AutocastState& s) : saved_(AutocastState::current()) {

@@ -38,10 +38,11 @@ std::vector<const MaskRecord*> DropoutTap::calls(int step, int layer, DropoutSit
   return out;
 }
 
-DropoutMasks DropoutTap::reference_masks(const ModelConfig& cfg, int step, int call) const {
+DropoutMasks reference_masks(const std::vector<MaskRecord>& records, const ModelConfig& cfg,
+                             const std::array<double, kNumDropoutSites>& p, int step, int call) {
   DropoutMasks m = DropoutMasks::none(cfg.layers);
-  m.p = p_;
-  for (const auto& r : records_) {
+  m.p = p;
+  for (const auto& r : records) {
     if (r.step != step || r.call != call) continue;
     const torch::Tensor f = r.mask.to(torch::kDouble).contiguous();
     m.masks[static_cast<size_t>(r.layer)][static_cast<size_t>(r.site)].assign(f.data_ptr<double>(),

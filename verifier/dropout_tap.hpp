@@ -42,8 +42,6 @@ class DropoutTap {
   torch::Tensor apply(const torch::Tensor& x, int layer, DropoutSite site);
   const std::vector<MaskRecord>& records() const { return records_; }
   std::vector<const MaskRecord*> calls(int step, int layer, DropoutSite site) const;
-  // The masks of the given call of every site at `step`, as the reference consumes them.
-  DropoutMasks reference_masks(const ModelConfig& cfg, int step, int call = 0) const;
   void clear() { records_.clear(); }
 
  private:
@@ -52,5 +50,10 @@ class DropoutTap {
   int step_ = 0;
   std::vector<MaskRecord> records_;
 };
+
+// The masks that `call` (0 = the first forward) of every site drew at `step`, as the reference
+// consumes them; sites without a record (rate 0) stay identity.
+DropoutMasks reference_masks(const std::vector<MaskRecord>& records, const ModelConfig& cfg,
+                             const std::array<double, kNumDropoutSites>& p, int step, int call = 0);
 
 }  // namespace ckv

@@ -24,46 +24,55 @@ class VariantImpl : public CheckpointImpl {
 };
 }  // namespace
 
-const std::vector<ImplInfo>& known_impls() {
-  static const std::vector<ImplInfo> v = {
-      {"builtin", "ckverify's own checkpoint (verifier/checkpoint.hpp)", "", false, ""},
-      {"no-preserve-rng", "the builtin with preserve_rng=false: recompute draws fresh dropout masks", "rng-replay", false, ""},
-      {"cpu-rng-only", "restores the CPU generator but not the CUDA generators", "rng-replay", true, ""},
-      {"no-autocast-replay", "recomputes under the backward's autocast state instead of the forward's", "grad-baseline", false, "prec=bf16"},
-      {"leaf-input-recompute", "recomputes from detached leaf inputs, so autocast caches their casts (the bf16-ulp bug; post-LN, where block inputs feed linears directly)", "grad-baseline", false, "prec=bf16 pos=post"},
-      {"inputs-only-grad", "differentiates only w.r.t. the segment inputs: parameters get no gradient", "grad-baseline", false, ""},
-      {"recompute-twice", "runs the recompute twice in backward", "recompute-count", false, ""},
-      {"no-restore-on-throw", "restores RNG, autocast and grad mode only when the recompute succeeds", "exception-safe", false, ""},
+namespace {
+struct Variant {
+  ImplInfo info;
+  CheckpointOptions options;
+  detail::Breakage breakage;
+};
+detail::Breakage broken(bool detail::Breakage::*field) {
+  detail::Breakage b;
+  b.*field = true;
+  return b;
+}
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {
+      {{"builtin", "ckverify's own checkpoint (verifier/checkpoint.hpp)", "", false, ""}, {}, {}},
+      {{"no-preserve-rng", "the builtin with preserve_rng=false: recompute draws fresh dropout masks", "rng-replay", false, ""},
+       CheckpointOptions{false}, {}},
+      {{"cpu-rng-only", "restores the CPU generator but not the CUDA generators", "rng-replay", true, ""}, {},
+       broken(&detail::Breakage::cpu_rng_only)},
+      {{"no-autocast-replay", "recomputes under the backward's autocast state instead of the forward's", "grad-baseline", false, "prec=bf16"},
+       {}, broken(&detail::Breakage::skip_autocast_replay)},
+      {{"leaf-input-recompute", "recomputes from detached leaf inputs, so autocast caches their casts (the bf16-ulp bug; post-LN, where block inputs feed linears directly)", "grad-baseline", false, "prec=bf16 pos=post"},
+       {}, broken(&detail::Breakage::leaf_inputs)},
+      {{"inputs-only-grad", "differentiates only w.r.t. the segment inputs: parameters get no gradient", "grad-baseline", false, ""},
+       {}, broken(&detail::Breakage::inputs_only_grad)},
+      {{"recompute-twice", "runs the recompute twice in backward", "recompute-count", false, ""}, {},
+       broken(&detail::Breakage::recompute_twice)},
+      {{"no-restore-on-throw", "restores RNG, autocast and grad mode only when the recompute succeeds", "exception-safe", false, ""},
+       {}, broken(&detail::Breakage::no_restore_on_throw)},
   };
   return v;
 }
+}  // namespace
+
+const std::vector<ImplInfo>& known_impls() {
+  static const std::vector<ImplInfo> infos = [] {
+    std::vector<ImplInfo> out;
+    for (const auto& v : variants()) out.push_back(v.info);
+    return out;
+  }();
+  return infos;
+}
 
 std::unique_ptr<CheckpointImpl> make_impl(const std::string& name) {
-  CheckpointOptions o;
-  detail::Breakage b;
-  if (name == "builtin") {
-  } else if (name == "no-preserve-rng") {
-    o.preserve_rng = false;
-  } else if (name == "cpu-rng-only") {
-    b.cpu_rng_only = true;
-  } else if (name == "no-autocast-replay") {
-    b.skip_autocast_replay = true;
-  } else if (name == "no-autocast-replay") {
-    b.skip_autocast_replay = true;
-  } else if (name == "leaf-input-recompute") {
-    b.leaf_inputs = true;
-  } else if (name == "inputs-only-grad") {
-    b.inputs_only_grad = true;
-  } else if (name == "recompute-twice") {
-    b.recompute_twice = true;
-  } else if (name == "no-restore-on-throw") {
-    b.no_restore_on_throw = true;
-  } else {
-    std::string names;
-    for (const auto& i : known_impls()) names += (names.empty() ? "" : "|") + i.name;
-    throw std::invalid_argument("unknown implementation \"" + name + "\" (known: " + names + ")");
+  std::string names;
+  for (const auto& v : variants()) {
+    if (v.info.name == name) return std::make_unique<VariantImpl>(name, v.options, v.breakage);
+    names += (names.empty() ? "" : "|") + v.info.name;
   }
-  return std::make_unique<VariantImpl>(name, o, b);
+  throw std::invalid_argument("unknown implementation \"" + name + "\" (known: " + names + ")");
 }
 
 }  // namespace ckv

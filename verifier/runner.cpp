@@ -67,7 +67,7 @@ RunObservation run_case(const Case& c, CheckpointImpl* impl) {
     const torch::Tensor x = x0.clone().requires_grad_(true);
     torch::Tensor loss;
     {
-      compat::AutocastGuard ac(device.type(), autocast, autocast_dtype(c.precision));
+      compat::ScopedAutocastState ac(compat::AutocastState::current().with(device.type(), autocast, autocast_dtype(c.precision)));
       torch::Tensor h = x;
       for (size_t s = 0; s < obs.segments.size(); ++s) {
         const Segment& seg = obs.segments[s];

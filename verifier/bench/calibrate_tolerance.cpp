@@ -35,13 +35,7 @@ int main(int argc, char** argv) {
     c.steps = 1;
     c.plan = Plan{};
     const RunObservation run = run_case(c, nullptr);
-    DropoutMasks masks = DropoutMasks::none(c.model.layers);
-    masks.p = c.dropout;
-    for (const MaskRecord& r : run.masks) {
-      if (r.call != 0) continue;
-      const torch::Tensor f = r.mask.to(torch::kDouble).contiguous();
-      masks.masks[static_cast<size_t>(r.layer)][static_cast<size_t>(r.site)].assign(f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
-    }
+    const DropoutMasks masks = reference_masks(run.masks, c.model, c.dropout, 0);
     const ReferenceResult ref = reference_forward_backward(c.model, run.initial_params, run.data, masks);
     std::vector<std::pair<const std::vector<double>*, const std::vector<double>*>> pairs;
     for (size_t k = 0; k < ref.grads.items.size(); ++k) pairs.emplace_back(&run.steps[0].grads.items[k].data, &ref.grads.items[k].data);

@@ -89,7 +89,7 @@ TEST(Checkpoint, RecomputeRunsUnderTheForwardsAutocastState) {
     b.skip_autocast_replay = broken;
     torch::Tensor out;
     {
-      compat::AutocastGuard ac(torch::kCPU, true, torch::kBFloat16);
+      compat::ScopedAutocastState ac(compat::AutocastState::current().with(torch::kCPU, true, torch::kBFloat16));
       out = run_variant(fn, x, lin->parameters(), b);
     }
     out.sum().backward();
