@@ -18,6 +18,7 @@
 
 #include "properties/generators.hpp"
 #include "properties/properties.hpp"
+#include "reports/report.hpp"
 #include "verifier/impls.hpp"
 
 namespace {
@@ -54,11 +55,6 @@ void check_writable(const std::string& path, const char* option) {
     throw UsageError(std::string(option) + ": directory " + dir.string() + " does not exist");
 }
 
-json finding_json(const Finding& f) {
-  return {{"property", f.property}, {"held", f.held && f.applicable}, {"applicable", f.applicable},
-          {"where", f.where},       {"detail", f.detail},              {"step", f.step}};
-}
-
 std::vector<Finding> run_checks(const Case& c) {
   auto impl = make_impl(c.impl);
   try {
@@ -75,17 +71,6 @@ const Finding* first_failure(const std::vector<Finding>& fs) {
   for (const auto& f : fs)
     if (!f.held) return &f;
   return nullptr;
-}
-
-void print_diagnosis(const Case& c, const Finding& f, const std::vector<Finding>& all, const std::string& repro_path) {
-  std::cout << "FAILED " << f.property << "\n"
-            << "  case:    " << to_line(c) << "\n"
-            << "  where:   " << f.where << "\n"
-            << "  detail:  " << f.detail << "\n"
-            << "  seed:    " << c.seed << "\n";
-  for (const auto& o : all)
-    if (!o.held && o.property != f.property) std::cout << "  also:    " << o.property << " failed at " << o.where << "\n";
-  if (!repro_path.empty()) std::cout << "  repro:   ckverify repro " << repro_path << "\n";
 }
 
 struct Progress {
@@ -172,8 +157,41 @@ Search search_cases(const CaseGenOptions& o, int cases, uint64_t seed, double bu
   return s;
 }
 
+// Where a run's report goes besides the console.
+struct Outputs {
+  std::string json, junit, markdown;
+  void check() const {
+    check_writable(json, "--json");
+    check_writable(junit, "--junit");
+    check_writable(markdown, "--markdown");
+  }
+};
+
+report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, const Finding& head, const std::string& repro) {
+  report::Failure f;
+  f.property = head.property;
+  f.where = head.where;
+  f.detail = head.detail;
+  f.case_line = to_line(c);
+  f.case_json = to_json(c);
+  f.repro = repro;
+  f.seed = c.seed;
+  for (const auto& o : fs)
+    if (!o.held && o.property != head.property) f.also.emplace_back(o.property, o.where);
+  return f;
+}
+
+int emit(report::Report& r, const Outputs& out) {
+  r.torch = TORCH_VERSION;
+  std::cout << report::to_console(r) << std::flush;
+  if (!out.json.empty()) write_atomically(out.json, report::to_json(r));
+  if (!out.junit.empty()) write_atomically(out.junit, report::to_junit_xml(r));
+  if (!out.markdown.empty()) write_atomically(out.markdown, report::to_markdown(r));
+  return r.exit_code;
+}
+
 int cmd_check(const std::string& impl_name, const std::string& plan_text, int cases, uint64_t seed, double budget,
-              const std::string& json_path, const std::string& repro_path, const std::string& device) {
+              const Outputs& out, const std::string& repro_path, const std::string& device) {
   CaseGenOptions o;
   o.impl = impl_name;
   o.device = device;
@@ -184,68 +202,56 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
     o.plan = p;
   }
   make_impl(impl_name);  // unknown names fail here, as usage errors
-  check_writable(json_path, "--json");
+  out.check();
   check_writable(repro_path, "--repro-file");
   if (cases < 1) throw UsageError("--cases must be >= 1");
   if (!(budget > 0)) throw UsageError("--time-budget must be > 0");
 
   std::cout << "ckverify check: impl=" << impl_name << " plan=" << (plan_text.empty() ? "any" : plan_text)
             << " cases=" << cases << " seed=" << seed << " device=" << device << std::endl;
-  const Search r = search_cases(o, cases, seed, budget, /*progress=*/true);
-  const int ran = r.ran;
-  const bool budget_hit = r.budget_hit;
-  const std::string& locked_property = r.property;
-  const Case& failing_case = r.failing_case;
-  const std::vector<Finding>& failing_findings = r.findings;
-  auto held_count = r.held, not_applicable = r.not_applicable;
-  auto elapsed = [&] { return r.elapsed_s; };
+  const Search s = search_cases(o, cases, seed, budget, /*progress=*/true);
 
-  json report = {{"tool", "ckverify"},          {"command", "check"},       {"impl", impl_name},
-                 {"plan", plan_text.empty() ? "any" : plan_text}, {"seed", seed}, {"device", device},
-                 {"cases_requested", cases},     {"cases_run", ran},         {"time_budget_s", budget},
-                 {"time_budget_hit", budget_hit}, {"elapsed_s", elapsed()}};
-  int code = kExitOk;
-  json props = json::array();
-  if (!locked_property.empty()) {
-    const Finding* f = nullptr;
-    for (const auto& x : failing_findings)
-      if (!x.held && x.property == locked_property) f = &x;
-    if (!f) f = first_failure(failing_findings);
-    for (const auto& x : failing_findings) props.push_back(finding_json(x));
-    if (!repro_path.empty()) write_atomically(repro_path, to_json(failing_case));
-    std::cout << "\n";
-    print_diagnosis(failing_case, *f, failing_findings, repro_path);
-    std::cout << "  found after " << r.passing_before_failure << " passing case(s), then shrunk\n";
-    report["failure"] = {{"case", json::parse(to_json(failing_case))}, {"case_line", to_line(failing_case)},
-                         {"property", f->property}, {"where", f->where}, {"detail", f->detail},
-                         {"repro", repro_path.empty() ? "" : "ckverify repro " + repro_path}};
-    code = kExitFailed;
-  } else if (!r.gave_up.empty()) {
-    std::cout << "internal error: generator gave up: " << r.gave_up << "\n";
-    code = kExitInternal;
-  } else {
-    for (const auto& name : property_names()) {
-      const int na = not_applicable[name], applied = ran - na;
-      std::cout << (applied > 0 ? "held  " : "NOT RUN ") << name << " on " << held_count[name] << "/" << applied
-                << " cases" << (na ? " (not applicable on " + std::to_string(na) + ": autocast cases)" : "") << "\n";
-      props.push_back({{"property", name}, {"held", applied > 0}, {"cases", held_count[name]}, {"not_applicable", na}});
-    }
-    if (budget_hit) std::cout << "time budget of " << budget << " s reached after " << ran << " of " << cases << " cases\n";
-    if (ran == 0) {
-      std::cout << "no case ran within the time budget: nothing was verified\n";
-      code = kExitFailed;
-    }
+  report::Report r;
+  r.command = "check";
+  r.impl = impl_name;
+  r.plan = plan_text.empty() ? "any" : plan_text;
+  r.device = device;
+  r.seed = seed;
+  r.cases_requested = cases;
+  r.cases_run = s.ran;
+  r.time_budget_s = budget;
+  r.time_budget_hit = s.budget_hit;
+  r.elapsed_s = s.elapsed_s;
+  for (const auto& name : property_names()) {
+    report::PropertyResult p;
+    p.name = name;
+    p.held = s.held.count(name) ? s.held.at(name) : 0;
+    p.not_applicable = s.not_applicable.count(name) ? s.not_applicable.at(name) : 0;
+    for (const auto& f : s.findings)
+      if (f.property == name && !f.held) p.failed = true, p.where = f.where, p.detail = f.detail;
+    r.properties.push_back(p);
   }
-  report["properties"] = props;
-  report["exit_code"] = code;
-  if (!json_path.empty()) write_atomically(json_path, report.dump(2) + "\n");
-  std::cout << (code == kExitOk ? "PASS" : "FAIL") << ": " << ran << " case(s) in " << std::fixed
-            << std::setprecision(1) << elapsed() << " s" << std::endl;
-  return code;
+  if (!s.property.empty()) {
+    const Finding* head = nullptr;
+    for (const auto& f : s.findings)
+      if (!f.held && f.property == s.property) head = &f;
+    if (!head) head = first_failure(s.findings);
+    if (!repro_path.empty()) write_atomically(repro_path, to_json(s.failing_case));
+    r.failure = make_failure(s.failing_case, s.findings, *head, repro_path.empty() ? "" : "ckverify repro " + repro_path);
+    r.failure->passing_before = s.passing_before_failure;
+    r.exit_code = kExitFailed;
+    std::cout << "\n";
+  } else if (!s.gave_up.empty()) {
+    r.error = "generator gave up: " + s.gave_up;
+    r.exit_code = kExitInternal;
+  } else {
+    r.exit_code = s.ran == 0 ? kExitFailed : kExitOk;
+  }
+  return emit(r, out);
 }
 
-int cmd_repro(const std::string& path, const std::string& json_path) {
-  check_writable(json_path, "--json");
+int cmd_repro(const std::string& path, const Outputs& out) {
+  out.check();
   Case c;
   try {
     c = load_case_file(path);
@@ -254,20 +260,23 @@ int cmd_repro(const std::string& path, const std::string& json_path) {
   }
   make_impl(c.impl);
   std::cout << "ckverify repro: " << to_line(c) << std::endl;
+  const auto start = std::chrono::steady_clock::now();
   const std::vector<Finding> fs = run_checks(c);
-  json props = json::array();
-  for (const auto& f : fs) {
-    props.push_back(finding_json(f));
-    if (f.held) std::cout << (f.applicable ? "held  " : "n/a   ") << f.property << ": " << f.detail << "\n";
+  report::Report r;
+  r.command = "repro";
+  r.impl = c.impl;
+  r.plan = c.plan.to_string();
+  r.device = c.device;
+  r.seed = c.seed;
+  r.cases_requested = r.cases_run = 1;
+  r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const auto& f : fs)
+    r.properties.push_back({f.property, f.held && f.applicable ? 1 : 0, f.applicable ? 0 : 1, !f.held, f.where, f.detail});
+  if (const Finding* bad = first_failure(fs)) {
+    r.failure = make_failure(c, fs, *bad, "");
+    r.exit_code = kExitFailed;
   }
-  const Finding* bad = first_failure(fs);
-  if (bad) print_diagnosis(c, *bad, fs, "");
-  if (!json_path.empty())
-    write_atomically(json_path, json{{"tool", "ckverify"}, {"command", "repro"}, {"case_line", to_line(c)},
-                                     {"properties", props}, {"exit_code", bad ? kExitFailed : kExitOk}}
-                                        .dump(2) + "\n");
-  std::cout << (bad ? "FAIL" : "PASS") << std::endl;
-  return bad ? kExitFailed : kExitOk;
+  return emit(r, out);
 }
 
 // The proof of power (DESIGN.md, "Faults"): every fault run through the same search as `check`,
@@ -333,13 +342,18 @@ int main(int argc, char** argv) {
   check->add_option("--cases", cases, "Number of generated cases")->capture_default_str();
   check->add_option("--seed", seed, "RapidCheck seed; the same seed generates the same cases")->capture_default_str();
   check->add_option("--time-budget", budget, "Stop generating new cases after this many seconds (the report says how many ran)")->capture_default_str();
-  check->add_option("--json", json_path, "Write a machine-readable report to this file");
+  Outputs outs;
+  check->add_option("--json", outs.json, "Write the report as JSON to this file");
+  check->add_option("--junit", outs.junit, "Write the report as JUnit XML (one testcase per property) to this file");
+  check->add_option("--markdown", outs.markdown, "Write the report as Markdown to this file");
   check->add_option("--repro-file", repro_path, "Where the shrunk failing Case is written")->capture_default_str();
   check->add_option("--device", device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
 
   auto* repro = app.add_subcommand("repro", "Replay one Case file deterministically and print the diagnosis.");
   repro->add_option("case", case_path, "Case JSON file (as written by `check`)")->required();
-  repro->add_option("--json", json_path, "Write a machine-readable report to this file");
+  repro->add_option("--json", outs.json, "Write the report as JSON to this file");
+  repro->add_option("--junit", outs.junit, "Write the report as JUnit XML to this file");
+  repro->add_option("--markdown", outs.markdown, "Write the report as Markdown to this file");
 
   auto* faults = app.add_subcommand("faults", "Run the gate against every fault injector: which property kills each, after how many cases.");
   int fault_cases = 500;
@@ -364,8 +378,8 @@ int main(int argc, char** argv) {
       validate(probe);
       if (!torch::cuda::is_available()) throw UsageError("--device " + device + ": no CUDA device is available here");
     }
-    if (*check) return cmd_check(impl, plan, cases, seed, budget, json_path, repro_path, device);
-    if (*repro) return cmd_repro(case_path, json_path);
+    if (*check) return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device);
+    if (*repro) return cmd_repro(case_path, outs);
     if (*faults) return cmd_faults(fault_cases, seed, budget, json_path, device);
     if (*list) return cmd_list();
   } catch (const UsageError& e) {

@@ -1,0 +1,49 @@
+// reports/report.hpp: the one report model of a `ckverify check` or `ckverify repro` run, and its
+// writers (DESIGN.md: "one report model that the console, JSON and JUnit writers all render").
+// Torch-free: the CLI fills a Report from the properties' Findings, the writers only render it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckv::report {
+
+struct PropertyResult {
+  std::string name;         // "rng-replay", ...
+  int held = 0;             // cases on which it held
+  int not_applicable = 0;   // cases to which it did not apply (never counted as held)
+  bool failed = false;
+  std::string where, detail;  // of the failure, or a one-line summary when it held (repro)
+};
+
+struct Failure {
+  std::string property, where, detail;
+  std::string case_line;
+  std::string case_json;   // the shrunk Case, as `ckverify repro` reads it
+  std::string repro;       // "ckverify repro FILE", or empty
+  uint64_t seed = 0;
+  int passing_before = -1;  // check only: passing cases before the first failure
+  std::vector<std::pair<std::string, std::string>> also;  // other failing properties and where
+};
+
+struct Report {
+  std::string command;  // "check" or "repro"
+  std::string impl, plan, device, torch;
+  uint64_t seed = 0;
+  int cases_requested = 0, cases_run = 0;
+  double time_budget_s = 0.0, elapsed_s = 0.0;
+  bool time_budget_hit = false;
+  std::vector<PropertyResult> properties;
+  std::optional<Failure> failure;
+  std::string error;  // an internal problem that is neither a pass nor a property failure
+  int exit_code = 0;
+};
+
+std::string to_console(const Report& r);   // what ckverify prints on stdout
+std::string to_json(const Report& r);
+std::string to_junit_xml(const Report& r);  // one <testsuite>, one <testcase> per property
+std::string to_markdown(const Report& r);
+
+}  // namespace ckv::report
