@@ -123,7 +123,6 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     for (const auto& t : inputs) state->input_versions.push_back(t._version());
     for (const auto& t : params) state->param_versions.push_back(t._version());
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    ctx->saved_data["n_params"] = static_cast<int64_t>(params.size());
     // Keep the parameters alive and version-checked by autograd too.
     ctx->save_for_backward(std::vector<torch::Tensor>(params.begin(), params.end()));
     // Grad mode is off here (Function::apply); the activations of fn are not kept.
