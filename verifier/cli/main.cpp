@@ -335,7 +335,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   double budget = 180;
 
-  auto* check = app.add_subcommand("check", "Run the properties (grad-baseline, rng-replay, recompute-count, "
+  auto* check = app.add_subcommand("check", "Run the properties (rng-replay, recompute-count, grad-baseline, "
                                             "grad-reference, exception-safe) over generated Cases; shrink any failure.");
   check->add_option("--impl", impl, "Implementation under test: builtin or a fault name (see `ckverify list`)")->capture_default_str();
   check->add_option("--plan", plan, std::string("Checkpoint plan for every case (") + kPlanSpellings + "); default: generated");
@@ -359,6 +359,7 @@ int main(int argc, char** argv) {
   int fault_cases = 500;
   faults->add_option("--cases", fault_cases, "Cases per fault before it counts as having survived")->capture_default_str();
   faults->add_option("--seed", seed, "RapidCheck seed")->capture_default_str();
+  faults->add_option("--time-budget", budget, "Per fault: stop generating new cases after this many seconds")->capture_default_str();
   faults->add_option("--json", json_path, "Write the table as JSON to this file");
   faults->add_option("--device", device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
 
