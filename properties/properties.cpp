@@ -14,7 +14,8 @@ std::vector<std::string> dims_of(const NamedArray& a) {
 }
 }  // namespace
 
-std::vector<CompareResult> reference_comparisons(const RunObservation& run, const int step, const ReferenceFaults& faults) {
+std::vector<CompareResult> reference_comparisons(const RunObservation& run, const int step,
+                                                 const ReferenceFaults& faults) {
   const Case& c = run.c;
   const ParamSet& params = step == 0 ? run.initial_params : run.steps.at(static_cast<size_t>(step - 1)).params_after;
   const DropoutMasks masks = reference_masks(run.masks, c.model, c.dropout, step);
@@ -28,9 +29,11 @@ std::vector<CompareResult> reference_comparisons(const RunObservation& run, cons
   // went wrong, not a downstream consequence of it.
   for (size_t k = ref.grads.items.size(); k-- > 0;) {
     const NamedArray& g = ref.grads.items[k];
-    out.push_back(compare_values({g.name + ".grad", g.shape, dims_of(g)}, so.grads.items.at(k).data, g.data, tol_for(g.data)));
+    out.push_back(
+        compare_values({g.name + ".grad", g.shape, dims_of(g)}, so.grads.items.at(k).data, g.data, tol_for(g.data)));
   }
-  out.push_back(compare_values({"x.grad", {c.batch, c.seq, c.model.d_model}, {"b", "t", "c"}}, so.dx, ref.dx, tol_for(ref.dx)));
+  out.push_back(
+      compare_values({"x.grad", {c.batch, c.seq, c.model.d_model}, {"b", "t", "c"}}, so.dx, ref.dx, tol_for(ref.dx)));
   return out;
 }
 
@@ -60,7 +63,9 @@ namespace {
 Finding fail(const char* property, int step, std::string where, std::string detail) {
   return {property, false, std::move(where), std::move(detail), step};
 }
-std::vector<double> defined_flags(const std::vector<bool>& v) { return std::vector<double>(v.begin(), v.end()); }
+std::vector<double> defined_flags(const std::vector<bool>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
 }  // namespace
 
 Finding grad_baseline(const RunObservation& base, const RunObservation& test) {
@@ -116,13 +121,16 @@ Finding rng_replay(const RunObservation& run) {
     if (n > 0) {
       const int64_t flat = diff.reshape({-1}).nonzero().index({0, 0}).item<int64_t>();
       CompareResult where{{"mask", r.mask.sizes().vec(), {}}, {}, {}};
-      if (r.site == DropoutSite::attn_probs) where.view.dims = {"b", "h", "t", "j"};
-      else where.view.dims = {"b", "t", "c"};
+      if (r.site == DropoutSite::attn_probs)
+        where.view.dims = {"b", "h", "t", "j"};
+      else
+        where.view.dims = {"b", "t", "c"};
       return fail("rng-replay", r.step, site,
                   fmt::format("recomputed dropout mask differs from the first forward's at {} of {} known positions "
                               "({:.1f}%), first at index {} (first forward {}, recompute {})",
-                              n, known.sum().item<int64_t>(), 100.0 * static_cast<double>(n) / static_cast<double>(r.mask.numel()),
-                              where.index(flat), first->mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped",
+                              n, known.sum().item<int64_t>(),
+                              100.0 * static_cast<double>(n) / static_cast<double>(r.mask.numel()), where.index(flat),
+                              first->mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped",
                               r.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped"));
     }
   }
@@ -136,13 +144,17 @@ Finding recompute_count(const RunObservation& run) {
       const int got = run.steps[s].segment_calls.at(g);
       if (got != want) {
         const auto& u = run.segments[g].units;
-        return fail("recompute-count", static_cast<int>(s),
-                    fmt::format("step {} segment {} (layers {}..{})", s, g, u.front().layer, u.back().layer),
-                    fmt::format("forward ran {} time(s), expected {} ({})", got, want,
-                                run.segments[g].checkpointed ? "checkpointed: forward + one recompute" : "not checkpointed"));
+        return fail(
+            "recompute-count", static_cast<int>(s),
+            fmt::format("step {} segment {} (layers {}..{})", s, g, u.front().layer, u.back().layer),
+            fmt::format("forward ran {} time(s), expected {} ({})", got, want,
+                        run.segments[g].checkpointed ? "checkpointed: forward + one recompute" : "not checkpointed"));
       }
     }
-  return {"recompute-count", true, "", fmt::format("{} segment(s) x {} step(s) ran the expected number of times", run.segments.size(), run.steps.size()), -1};
+  return {
+      "recompute-count", true, "",
+      fmt::format("{} segment(s) x {} step(s) ran the expected number of times", run.segments.size(), run.steps.size()),
+      -1};
 }
 
 Finding exception_safe(const Case& c, CheckpointImpl& impl) {
@@ -158,8 +170,8 @@ Finding exception_safe(const Case& c, CheckpointImpl& impl) {
   };
   torch::Tensor out;
   {
-    compat::ScopedAutocastState ac(
-        compat::AutocastState::current().with(device.type(), c.precision != Precision::fp32, autocast_dtype(c.precision)));
+    compat::ScopedAutocastState ac(compat::AutocastState::current().with(device.type(), c.precision != Precision::fp32,
+                                                                         autocast_dtype(c.precision)));
     out = impl.run(fn, x, lin->parameters());
   }
   torch::manual_seed(c.seed + 1);  // a backward-time RNG state distinct from the forward's
@@ -175,19 +187,22 @@ Finding exception_safe(const Case& c, CheckpointImpl& impl) {
     threw = true;
   }
   std::string leaks;
-  if (!torch::equal(compat::default_generator(torch::Device(torch::kCPU)).get_state(), rng_before)) leaks += " CPU RNG state;";
+  if (!torch::equal(compat::default_generator(torch::Device(torch::kCPU)).get_state(), rng_before))
+    leaks += " CPU RNG state;";
   if (compat::AutocastState::current() != ac_before) leaks += " autocast state;";
   if (torch::GradMode::is_enabled()) leaks += " grad mode (left enabled);";
   compat::AutocastState::apply_default();
   if (!threw) return fail("exception-safe", 0, "recompute", "the planted exception in recompute did not propagate");
-  if (!leaks.empty()) return fail("exception-safe", 0, "recompute", "after a throwing recompute these were not restored:" + leaks);
+  if (!leaks.empty())
+    return fail("exception-safe", 0, "recompute", "after a throwing recompute these were not restored:" + leaks);
   return {"exception-safe", true, "", "RNG, autocast and grad mode restored after a throwing recompute", -1};
 }
 
 std::vector<Finding> check_case(const Case& c, CheckpointImpl& impl) {
   const RunObservation base = run_case(c, nullptr);
   const RunObservation test = run_case(c, &impl);
-  return {rng_replay(test), recompute_count(test), grad_baseline(base, test), grad_reference(test), exception_safe(c, impl)};
+  return {rng_replay(test), recompute_count(test), grad_baseline(base, test), grad_reference(test),
+          exception_safe(c, impl)};
 }
 
 }  // namespace ckv

@@ -15,8 +15,8 @@ namespace ckv {
 struct Finding {
   std::string property;  // "grad-reference", "rng-replay", ...
   bool held = true;
-  std::string where;     // first diverging tensor or site, for example "step 0 layer1.attn.wq.weight.grad"
-  std::string detail;    // the one-line comparison message (STYLE.md) or a sentence
+  std::string where;   // first diverging tensor or site, for example "step 0 layer1.attn.wq.weight.grad"
+  std::string detail;  // the one-line comparison message (STYLE.md) or a sentence
   int step = -1;
   bool applicable = true;  // false: the property does not apply to this Case (never counted as held)
 };
@@ -28,7 +28,8 @@ Finding grad_reference(const RunObservation& run, const ReferenceFaults& faults 
 
 // All comparisons grad_reference makes for one step, in backward order: loss, parameter gradients from
 // the head down to layer 0, then x.grad.
-std::vector<CompareResult> reference_comparisons(const RunObservation& run, int step, const ReferenceFaults& faults = {});
+std::vector<CompareResult> reference_comparisons(const RunObservation& run, int step,
+                                                 const ReferenceFaults& faults = {});
 
 // grad-baseline: checkpointed (`test`) vs non-checkpointed (`base`) run of the same Case: loss, every
 // parameter gradient (and whether it is defined at all), x.grad at every step, and the parameters

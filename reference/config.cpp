@@ -27,8 +27,7 @@ struct NameTable {
 };
 
 constexpr NameTable<NormKind, 2> kNorm{{{{NormKind::layer, "layernorm"}, {NormKind::rms, "rmsnorm"}}}};
-constexpr NameTable<NormPlacement, 2> kPlacement{
-    {{{NormPlacement::pre, "pre"}, {NormPlacement::post, "post"}}}};
+constexpr NameTable<NormPlacement, 2> kPlacement{{{{NormPlacement::pre, "pre"}, {NormPlacement::post, "post"}}}};
 constexpr NameTable<Activation, 4> kAct{{{{Activation::relu, "relu"},
                                           {Activation::gelu_tanh, "gelu_tanh"},
                                           {Activation::gelu_erf, "gelu_erf"},
@@ -41,25 +40,60 @@ constexpr NameTable<DropoutSite, 4> kSite{{{{DropoutSite::attn_probs, "attn_prob
 }  // namespace
 
 bool ModelConfig::operator==(const ModelConfig& o) const {
-  return layers == o.layers && d_model == o.d_model && heads == o.heads && ffn_mult == o.ffn_mult &&
-         vocab == o.vocab && norm == o.norm && placement == o.placement && attention == o.attention &&
-         causal == o.causal && activation == o.activation && loss == o.loss;
+  return layers == o.layers && d_model == o.d_model && heads == o.heads && ffn_mult == o.ffn_mult && vocab == o.vocab &&
+         norm == o.norm && placement == o.placement && attention == o.attention && causal == o.causal &&
+         activation == o.activation && loss == o.loss;
 }
 
-std::string_view to_string(NormKind v) { return kNorm.name(v); }
-std::string_view to_string(NormPlacement v) { return kPlacement.name(v); }
-std::string_view to_string(Activation v) { return kAct.name(v); }
-std::string_view to_string(LossKind v) { return kLoss.name(v); }
-std::string_view to_string(DropoutSite v) { return kSite.name(v); }
-bool parse_enum(std::string_view s, NormKind& out) { return kNorm.parse(s, out); }
-bool parse_enum(std::string_view s, NormPlacement& out) { return kPlacement.parse(s, out); }
-bool parse_enum(std::string_view s, Activation& out) { return kAct.parse(s, out); }
-bool parse_enum(std::string_view s, LossKind& out) { return kLoss.parse(s, out); }
-bool parse_enum(std::string_view s, DropoutSite& out) { return kSite.parse(s, out); }
-template <> std::string allowed_names<NormKind>() { return kNorm.allowed(); }
-template <> std::string allowed_names<NormPlacement>() { return kPlacement.allowed(); }
-template <> std::string allowed_names<Activation>() { return kAct.allowed(); }
-template <> std::string allowed_names<LossKind>() { return kLoss.allowed(); }
-template <> std::string allowed_names<DropoutSite>() { return kSite.allowed(); }
+std::string_view to_string(NormKind v) {
+  return kNorm.name(v);
+}
+std::string_view to_string(NormPlacement v) {
+  return kPlacement.name(v);
+}
+std::string_view to_string(Activation v) {
+  return kAct.name(v);
+}
+std::string_view to_string(LossKind v) {
+  return kLoss.name(v);
+}
+std::string_view to_string(DropoutSite v) {
+  return kSite.name(v);
+}
+bool parse_enum(std::string_view s, NormKind& out) {
+  return kNorm.parse(s, out);
+}
+bool parse_enum(std::string_view s, NormPlacement& out) {
+  return kPlacement.parse(s, out);
+}
+bool parse_enum(std::string_view s, Activation& out) {
+  return kAct.parse(s, out);
+}
+bool parse_enum(std::string_view s, LossKind& out) {
+  return kLoss.parse(s, out);
+}
+bool parse_enum(std::string_view s, DropoutSite& out) {
+  return kSite.parse(s, out);
+}
+template <>
+std::string allowed_names<NormKind>() {
+  return kNorm.allowed();
+}
+template <>
+std::string allowed_names<NormPlacement>() {
+  return kPlacement.allowed();
+}
+template <>
+std::string allowed_names<Activation>() {
+  return kAct.allowed();
+}
+template <>
+std::string allowed_names<LossKind>() {
+  return kLoss.allowed();
+}
+template <>
+std::string allowed_names<DropoutSite>() {
+  return kSite.allowed();
+}
 
 }  // namespace ckv

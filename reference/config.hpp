@@ -57,6 +57,7 @@ bool parse_enum(std::string_view s, NormPlacement& out);
 bool parse_enum(std::string_view s, Activation& out);
 bool parse_enum(std::string_view s, LossKind& out);
 bool parse_enum(std::string_view s, DropoutSite& out);
-template <class E> std::string allowed_names();
+template <class E>
+std::string allowed_names();
 
 }  // namespace ckv

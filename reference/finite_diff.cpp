@@ -7,8 +7,8 @@
 
 namespace ckv {
 namespace {
-FdTensorReport compare(const std::string& name, const std::vector<double>& analytic,
-                       const std::vector<double>& numeric, double floor) {
+FdTensorReport compare(const std::string& name, const std::vector<double>& analytic, const std::vector<double>& numeric,
+                       double floor) {
   FdTensorReport r;
   r.name = name;
   double scale = std::max(floor, 1e-300);

@@ -17,10 +17,10 @@
 namespace ckv {
 
 struct FdTensorReport {
-  std::string name;     // parameter name, or "x"
+  std::string name;  // parameter name, or "x"
   double rel_err = 0.0;
   double max_abs_err = 0.0;
-  int64_t worst_index = -1;  // flat index of the largest |fd - an|
+  int64_t worst_index = -1;              // flat index of the largest |fd - an|
   double analytic = 0.0, numeric = 0.0;  // at worst_index
 };
 
@@ -31,7 +31,6 @@ struct FdReport {
 };
 
 FdReport finite_difference_check(const ModelConfig& cfg, const ParamSet& params, const CaseData& data,
-                                 const DropoutMasks& masks, const ReferenceFaults& faults = {},
-                                 double step = 1e-5);
+                                 const DropoutMasks& masks, const ReferenceFaults& faults = {}, double step = 1e-5);
 
 }  // namespace ckv

@@ -26,7 +26,9 @@ uint64_t SplitMix64::next() {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
-double SplitMix64::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+double SplitMix64::uniform() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
 double SplitMix64::normal() {
   if (has_spare_) {
     has_spare_ = false;
@@ -62,7 +64,9 @@ void add_linear(ParamSet& p, const std::string& prefix, int64_t out, int64_t in)
   add(p, prefix + ".weight", {out, in});
   add(p, prefix + ".bias", {out});
 }
-double to_float_precision(double v) { return static_cast<double>(static_cast<float>(v)); }
+double to_float_precision(double v) {
+  return static_cast<double>(static_cast<float>(v));
+}
 }  // namespace
 
 ParamSet param_layout(const ModelConfig& c) {

@@ -16,9 +16,9 @@
 namespace ckv {
 
 struct NamedArray {
-  std::string name;          // for example "layer1.attn.wq.weight"
+  std::string name;            // for example "layer1.attn.wq.weight"
   std::vector<int64_t> shape;  // torch layout: Linear weights are (out, in)
-  std::vector<double> data;  // row-major
+  std::vector<double> data;    // row-major
   int64_t numel() const { return static_cast<int64_t>(data.size()); }
 };
 
@@ -41,9 +41,9 @@ ParamSet zeros_like(const ParamSet& p);
 
 struct CaseData {
   int batch = 0, seq = 0;
-  std::vector<double> x;          // (B,T,D) block-stack input, fp32-representable
-  std::vector<int64_t> targets;   // (B,T) class ids in [0,vocab), used by cross-entropy
-  std::vector<double> y;          // (B,T,V) regression targets, used by MSE
+  std::vector<double> x;         // (B,T,D) block-stack input, fp32-representable
+  std::vector<int64_t> targets;  // (B,T) class ids in [0,vocab), used by cross-entropy
+  std::vector<double> y;         // (B,T,V) regression targets, used by MSE
 };
 CaseData make_case_data(const ModelConfig& cfg, int batch, int seq, uint64_t seed);
 
@@ -56,6 +56,7 @@ class SplitMix64 {
   uint64_t next();
   double uniform();  // [0,1) with 53 random bits
   double normal();
+
  private:
   uint64_t state_;
   bool has_spare_ = false;

@@ -116,10 +116,10 @@ void dropout_apply(Mat& m, const Ctx& x, int layer, DropoutSite s, bool backward
 
 // ---- attention ----
 struct AttnCache {
-  Mat in, q, k, v;         // (N,D)
-  std::vector<Mat> probs;  // B*H matrices (T,T), softmax output before dropout
+  Mat in, q, k, v;           // (N,D)
+  std::vector<Mat> probs;    // B*H matrices (T,T), softmax output before dropout
   std::vector<Mat> probs_d;  // after dropout
-  Mat ctx;                 // (N,D) heads concatenated, before wo
+  Mat ctx;                   // (N,D) heads concatenated, before wo
 };
 Mat attn_forward(AttnCache& ac, const Mat& in, const Ctx& x, int layer) {
   const std::string L = "layer" + std::to_string(layer) + ".attn.";
@@ -194,25 +194,33 @@ void attn_backward(Mat& din, const Mat& dout, const AttnCache& ac, const Ctx& x,
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
 constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2*pi)
-double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+double sigmoid(double z) {
+  return 1.0 / (1.0 + std::exp(-z));
+}
 double act_forward(Activation a, double z) {
   switch (a) {
-    case Activation::relu: return z > 0.0 ? z : 0.0;
-    case Activation::gelu_tanh: return 0.5 * z * (1.0 + std::tanh(kSqrt2OverPi * (z + 0.044715 * z * z * z)));
-    case Activation::gelu_erf: return 0.5 * z * (1.0 + std::erf(z * kInvSqrt2));
-    case Activation::swiglu: return z * sigmoid(z);  // silu, applied to the gate branch
+    case Activation::relu:
+      return z > 0.0 ? z : 0.0;
+    case Activation::gelu_tanh:
+      return 0.5 * z * (1.0 + std::tanh(kSqrt2OverPi * (z + 0.044715 * z * z * z)));
+    case Activation::gelu_erf:
+      return 0.5 * z * (1.0 + std::erf(z * kInvSqrt2));
+    case Activation::swiglu:
+      return z * sigmoid(z);  // silu, applied to the gate branch
   }
   return 0.0;
 }
 double act_derivative(Activation a, double z) {
   switch (a) {
-    case Activation::relu: return z > 0.0 ? 1.0 : 0.0;
+    case Activation::relu:
+      return z > 0.0 ? 1.0 : 0.0;
     case Activation::gelu_tanh: {
       const double u = kSqrt2OverPi * (z + 0.044715 * z * z * z);
       const double th = std::tanh(u);
       return 0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * kSqrt2OverPi * (1.0 + 3.0 * 0.044715 * z * z);
     }
-    case Activation::gelu_erf: return 0.5 * (1.0 + std::erf(z * kInvSqrt2)) + z * std::exp(-0.5 * z * z) * kInvSqrt2Pi;
+    case Activation::gelu_erf:
+      return 0.5 * (1.0 + std::erf(z * kInvSqrt2)) + z * std::exp(-0.5 * z * z) * kInvSqrt2Pi;
     case Activation::swiglu: {
       const double s = sigmoid(z);
       return s * (1.0 + z * (1.0 - s));
@@ -271,7 +279,9 @@ struct SubCache {
 std::string norm_name(int layer, Sub s) {
   return "layer" + std::to_string(layer) + (s == Sub::attn ? ".norm1" : ".norm2");
 }
-DropoutSite residual_site(Sub s) { return s == Sub::attn ? DropoutSite::attn_out : DropoutSite::ffn_out; }
+DropoutSite residual_site(Sub s) {
+  return s == Sub::attn ? DropoutSite::attn_out : DropoutSite::ffn_out;
+}
 
 Mat sublayer_forward(SubCache& sc, Sub s, const Mat& in, const Ctx& x, int layer) {
   Mat out = s == Sub::attn ? attn_forward(sc.attn, in, x, layer) : ffn_forward(sc.ffn, in, x, layer);
@@ -287,7 +297,8 @@ void sublayer_backward(Mat& din, Mat dout, const SubCache& sc, Sub s, const Ctx&
 }
 Mat sub_forward(SubCache& sc, Sub s, const Mat& u, const Ctx& x, int layer) {
   const std::string nn = norm_name(layer, s);
-  if (x.c.placement == NormPlacement::pre) return u + sublayer_forward(sc, s, norm_forward(sc.norm, u, x, nn), x, layer);
+  if (x.c.placement == NormPlacement::pre)
+    return u + sublayer_forward(sc, s, norm_forward(sc.norm, u, x, nn), x, layer);
   return norm_forward(sc.norm, u + sublayer_forward(sc, s, u, x, layer), x, nn);
 }
 // Returns du given dout.
@@ -373,10 +384,13 @@ Forward run_forward(const Ctx& x, const CaseData& d) {
 
 std::vector<int64_t> dropout_site_shape(const ModelConfig& c, int batch, int seq, DropoutSite s) {
   switch (s) {
-    case DropoutSite::attn_probs: return {batch, c.heads, seq, seq};
+    case DropoutSite::attn_probs:
+      return {batch, c.heads, seq, seq};
     case DropoutSite::attn_out:
-    case DropoutSite::ffn_out: return {batch, seq, c.d_model};
-    case DropoutSite::ffn_hidden: return {batch, seq, c.d_ff()};
+    case DropoutSite::ffn_out:
+      return {batch, seq, c.d_model};
+    case DropoutSite::ffn_hidden:
+      return {batch, seq, c.d_ff()};
   }
   return {};
 }
@@ -387,16 +401,15 @@ DropoutMasks DropoutMasks::none(int layers) {
   return m;
 }
 
-double reference_loss(const ModelConfig& cfg, const ParamSet& params, const CaseData& data,
-                      const DropoutMasks& masks, const ReferenceFaults& faults) {
+double reference_loss(const ModelConfig& cfg, const ParamSet& params, const CaseData& data, const DropoutMasks& masks,
+                      const ReferenceFaults& faults) {
   check_inputs(cfg, params, data, masks);
   const Ctx x{cfg, params, nullptr, data.batch, data.seq, masks, faults};
   return run_forward(x, data).loss;
 }
 
-ReferenceResult reference_forward_backward(const ModelConfig& cfg, const ParamSet& params,
-                                           const CaseData& data, const DropoutMasks& masks,
-                                           const ReferenceFaults& faults) {
+ReferenceResult reference_forward_backward(const ModelConfig& cfg, const ParamSet& params, const CaseData& data,
+                                           const DropoutMasks& masks, const ReferenceFaults& faults) {
   check_inputs(cfg, params, data, masks);
   ReferenceResult r;
   r.grads = zeros_like(params);

@@ -42,18 +42,17 @@ struct ReferenceFaults {
 
 struct ReferenceResult {
   double loss = 0.0;
-  ParamSet grads;                               // same names and shapes as the parameters
-  std::vector<double> dx;                       // (B,T,D) gradient of the loss w.r.t. x
-  std::vector<double> logits;                   // (B,T,V)
-  std::vector<std::vector<double>> layer_out;   // per layer, (B,T,D) block outputs
+  ParamSet grads;                              // same names and shapes as the parameters
+  std::vector<double> dx;                      // (B,T,D) gradient of the loss w.r.t. x
+  std::vector<double> logits;                  // (B,T,V)
+  std::vector<std::vector<double>> layer_out;  // per layer, (B,T,D) block outputs
 };
 
 // Forward only (for finite differences).
-double reference_loss(const ModelConfig& cfg, const ParamSet& params, const CaseData& data,
-                      const DropoutMasks& masks, const ReferenceFaults& faults = {});
+double reference_loss(const ModelConfig& cfg, const ParamSet& params, const CaseData& data, const DropoutMasks& masks,
+                      const ReferenceFaults& faults = {});
 // Forward and backward.
-ReferenceResult reference_forward_backward(const ModelConfig& cfg, const ParamSet& params,
-                                           const CaseData& data, const DropoutMasks& masks,
-                                           const ReferenceFaults& faults = {});
+ReferenceResult reference_forward_backward(const ModelConfig& cfg, const ParamSet& params, const CaseData& data,
+                                           const DropoutMasks& masks, const ReferenceFaults& faults = {});
 
 }  // namespace ckv

@@ -11,9 +11,9 @@
 namespace ckv::report {
 
 struct PropertyResult {
-  std::string name;         // "rng-replay", ...
-  int held = 0;             // cases on which it held
-  int not_applicable = 0;   // cases to which it did not apply (never counted as held)
+  std::string name;        // "rng-replay", ...
+  int held = 0;            // cases on which it held
+  int not_applicable = 0;  // cases to which it did not apply (never counted as held)
   bool failed = false;
   std::string where, detail;  // of the failure, or a one-line summary when it held (repro)
 };
@@ -21,10 +21,10 @@ struct PropertyResult {
 struct Failure {
   std::string property, where, detail;
   std::string case_line;
-  std::string case_json;   // the shrunk Case, as `ckverify repro` reads it
-  std::string repro;       // "ckverify repro FILE", or empty
+  std::string case_json;  // the shrunk Case, as `ckverify repro` reads it
+  std::string repro;      // "ckverify repro FILE", or empty
   uint64_t seed = 0;
-  int passing_before = -1;  // check only: passing cases before the first failure
+  int passing_before = -1;                                // check only: passing cases before the first failure
   std::vector<std::pair<std::string, std::string>> also;  // other failing properties and where
 };
 
@@ -41,7 +41,7 @@ struct Report {
   int exit_code = 0;
 };
 
-std::string to_console(const Report& r);   // what ckverify prints on stdout
+std::string to_console(const Report& r);  // what ckverify prints on stdout
 std::string to_json(const Report& r);
 std::string to_junit_xml(const Report& r);  // one <testsuite>, one <testcase> per property
 std::string to_markdown(const Report& r);

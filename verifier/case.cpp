@@ -28,7 +28,9 @@ std::string shortest(double v) {
   return buf;
 }
 
-[[noreturn]] void fail(const std::string& msg) { throw CaseError("case: " + msg); }
+[[noreturn]] void fail(const std::string& msg) {
+  throw CaseError("case: " + msg);
+}
 
 template <class E, size_t N>
 E parse_table(const std::array<std::pair<E, std::string_view>, N>& t, const std::string& field, const std::string& s) {
@@ -49,9 +51,11 @@ E parse_model_enum(const std::string& field, const std::string& s) {
 
 // Typed readers that name the field on a type error.
 int get_int(const json& j, const std::string& field, int lo, int hi) {
-  if (!j.is_number_integer()) fail(field + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + j.dump());
+  if (!j.is_number_integer())
+    fail(field + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + j.dump());
   const auto v = j.get<int64_t>();
-  if (v < lo || v > hi) fail(field + "=" + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  if (v < lo || v > hi)
+    fail(field + "=" + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return static_cast<int>(v);
 }
 std::string get_string(const json& j, const std::string& field) {
@@ -110,23 +114,33 @@ json to_object(const Case& c) {
 
 Case from_object(const json& j) {
   if (!j.is_object()) fail("a case must be a JSON object, got " + std::string(j.type_name()));
-  reject_unknown(j, "", {"model", "dropout", "dropout_impl", "seed", "batch", "seq", "steps", "lr", "precision", "device", "plan", "impl"});
+  reject_unknown(j, "",
+                 {"model", "dropout", "dropout_impl", "seed", "batch", "seq", "steps", "lr", "precision", "device",
+                  "plan", "impl"});
   Case c;
   if (j.contains("model")) {
     const json& m = j.at("model");
     if (!m.is_object()) fail("model must be an object");
-    reject_unknown(m, "model.", {"layers", "d_model", "heads", "ffn_mult", "vocab", "norm", "placement", "attention", "causal", "activation", "loss"});
+    reject_unknown(m, "model.",
+                   {"layers", "d_model", "heads", "ffn_mult", "vocab", "norm", "placement", "attention", "causal",
+                    "activation", "loss"});
     if (m.contains("layers")) c.model.layers = get_int(m["layers"], "model.layers", 1, 64);
     if (m.contains("d_model")) c.model.d_model = get_int(m["d_model"], "model.d_model", 1, 8192);
     if (m.contains("heads")) c.model.heads = get_int(m["heads"], "model.heads", 1, 256);
     if (m.contains("ffn_mult")) c.model.ffn_mult = get_int(m["ffn_mult"], "model.ffn_mult", 1, 16);
     if (m.contains("vocab")) c.model.vocab = get_int(m["vocab"], "model.vocab", 1, 1 << 20);
-    if (m.contains("norm")) c.model.norm = parse_model_enum<NormKind>("model.norm", get_string(m["norm"], "model.norm"));
-    if (m.contains("placement")) c.model.placement = parse_model_enum<NormPlacement>("model.placement", get_string(m["placement"], "model.placement"));
+    if (m.contains("norm"))
+      c.model.norm = parse_model_enum<NormKind>("model.norm", get_string(m["norm"], "model.norm"));
+    if (m.contains("placement"))
+      c.model.placement =
+          parse_model_enum<NormPlacement>("model.placement", get_string(m["placement"], "model.placement"));
     if (m.contains("attention")) c.model.attention = get_bool(m["attention"], "model.attention");
     if (m.contains("causal")) c.model.causal = get_bool(m["causal"], "model.causal");
-    if (m.contains("activation")) c.model.activation = parse_model_enum<Activation>("model.activation", get_string(m["activation"], "model.activation"));
-    if (m.contains("loss")) c.model.loss = parse_model_enum<LossKind>("model.loss", get_string(m["loss"], "model.loss"));
+    if (m.contains("activation"))
+      c.model.activation =
+          parse_model_enum<Activation>("model.activation", get_string(m["activation"], "model.activation"));
+    if (m.contains("loss"))
+      c.model.loss = parse_model_enum<LossKind>("model.loss", get_string(m["loss"], "model.loss"));
   }
   if (j.contains("dropout")) {
     const json& d = j.at("dropout");
@@ -137,7 +151,8 @@ Case from_object(const json& j) {
       if (d.contains(key)) c.dropout[static_cast<size_t>(s)] = get_rate(d[key], "dropout." + key);
     }
   }
-  if (j.contains("dropout_impl")) c.dropout_impl = parse_table(kDropImpl, "dropout_impl", get_string(j["dropout_impl"], "dropout_impl"));
+  if (j.contains("dropout_impl"))
+    c.dropout_impl = parse_table(kDropImpl, "dropout_impl", get_string(j["dropout_impl"], "dropout_impl"));
   if (j.contains("seed")) {
     if (!j["seed"].is_number_unsigned() && !(j["seed"].is_number_integer() && j["seed"].get<int64_t>() >= 0))
       fail("seed must be a non-negative integer, got " + j["seed"].dump());
@@ -207,12 +222,14 @@ std::string to_line(const Case& c) {
   std::ostringstream os;
   const auto& m = c.model;
   os << "layers=" << m.layers << " d=" << m.d_model << " heads=" << m.heads << " ffn=" << m.ffn_mult
-     << " vocab=" << m.vocab << " norm=" << to_string(m.norm) << " pos=" << to_string(m.placement)
-     << " attn=" << (!m.attention ? "off" : m.causal ? "causal" : "bidir") << " act=" << to_string(m.activation)
-     << " loss=" << to_string(m.loss) << " drop=";
+     << " vocab=" << m.vocab << " norm=" << to_string(m.norm) << " pos=" << to_string(m.placement) << " attn="
+     << (!m.attention ? "off"
+         : m.causal   ? "causal"
+                      : "bidir")
+     << " act=" << to_string(m.activation) << " loss=" << to_string(m.loss) << " drop=";
   for (size_t i = 0; i < c.dropout.size(); ++i) os << (i ? "," : "") << shortest(c.dropout[i]);
-  os << " dropimpl=" << to_string(c.dropout_impl) << " batch=" << c.batch << " seq=" << c.seq
-     << " steps=" << c.steps << " lr=" << shortest(c.lr) << " prec=" << to_string(c.precision) << " device=" << c.device
+  os << " dropimpl=" << to_string(c.dropout_impl) << " batch=" << c.batch << " seq=" << c.seq << " steps=" << c.steps
+     << " lr=" << shortest(c.lr) << " prec=" << to_string(c.precision) << " device=" << c.device
      << " plan=" << c.plan.to_string() << " impl=" << c.impl << " seed=" << c.seed;
   return os.str();
 }
@@ -231,21 +248,32 @@ Case case_from_line(const std::string& line) {
     const auto eq = tok.find('=');
     if (eq == std::string::npos || eq == 0) fail("\"" + tok + "\" is not key=value");
     const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
-    if (k == "layers") model["layers"] = number(k, v);
-    else if (k == "d") model["d_model"] = number(k, v);
-    else if (k == "heads") model["heads"] = number(k, v);
-    else if (k == "ffn") model["ffn_mult"] = number(k, v);
-    else if (k == "vocab") model["vocab"] = number(k, v);
-    else if (k == "norm") model["norm"] = v;
-    else if (k == "pos") model["placement"] = v;
-    else if (k == "act") model["activation"] = v;
-    else if (k == "loss") model["loss"] = v;
+    if (k == "layers")
+      model["layers"] = number(k, v);
+    else if (k == "d")
+      model["d_model"] = number(k, v);
+    else if (k == "heads")
+      model["heads"] = number(k, v);
+    else if (k == "ffn")
+      model["ffn_mult"] = number(k, v);
+    else if (k == "vocab")
+      model["vocab"] = number(k, v);
+    else if (k == "norm")
+      model["norm"] = v;
+    else if (k == "pos")
+      model["placement"] = v;
+    else if (k == "act")
+      model["activation"] = v;
+    else if (k == "loss")
+      model["loss"] = v;
     else if (k == "attn") {
-      if (v == "off") model["attention"] = false;
+      if (v == "off")
+        model["attention"] = false;
       else if (v == "causal" || v == "bidir") {
         model["attention"] = true;
         model["causal"] = v == "causal";
-      } else fail("attn=\"" + v + "\" is not one of causal|bidir|off");
+      } else
+        fail("attn=\"" + v + "\" is not one of causal|bidir|off");
     } else if (k == "drop") {
       json rates = json::object();
       std::vector<std::string> parts;
@@ -256,17 +284,27 @@ Case case_from_line(const std::string& line) {
       for (DropoutSite s : kAllDropoutSites)
         rates[std::string(to_string(s))] = number(k, parts[parts.size() == 1 ? 0 : static_cast<size_t>(s)]);
       j["dropout"] = rates;
-    } else if (k == "dropimpl") j["dropout_impl"] = v;
-    else if (k == "batch" || k == "seq" || k == "steps" || k == "lr" || k == "seed") j[k] = number(k, v);
-    else if (k == "prec") j["precision"] = v;
-    else if (k == "device" || k == "plan" || k == "impl") j[k] = v;
-    else fail("unknown key \"" + k + "\" (allowed: layers|d|heads|ffn|vocab|norm|pos|attn|act|loss|drop|dropimpl|batch|seq|steps|lr|prec|device|plan|impl|seed)");
+    } else if (k == "dropimpl")
+      j["dropout_impl"] = v;
+    else if (k == "batch" || k == "seq" || k == "steps" || k == "lr" || k == "seed")
+      j[k] = number(k, v);
+    else if (k == "prec")
+      j["precision"] = v;
+    else if (k == "device" || k == "plan" || k == "impl")
+      j[k] = v;
+    else
+      fail("unknown key \"" + k +
+           "\" (allowed: "
+           "layers|d|heads|ffn|vocab|norm|pos|attn|act|loss|drop|dropimpl|batch|seq|steps|lr|prec|device|plan|impl|"
+           "seed)");
   }
   if (!model.empty()) j["model"] = model;
   return from_object(j);
 }
 
-std::string to_json(const Case& c) { return to_object(c).dump(2) + "\n"; }
+std::string to_json(const Case& c) {
+  return to_object(c).dump(2) + "\n";
+}
 
 Case case_from_json(const std::string& text) {
   json j;

@@ -61,7 +61,8 @@ struct CheckpointState : torch::CustomClassHolder {
 // Restores RNG (when asked), autocast and grad mode on scope exit, exceptions included.
 class GlobalStateGuard {
  public:
-  explicit GlobalStateGuard(bool rng) : autocast_(compat::AutocastState::current()), grad_(torch::GradMode::is_enabled()) {
+  explicit GlobalStateGuard(bool rng)
+      : autocast_(compat::AutocastState::current()), grad_(torch::GradMode::is_enabled()) {
     if (rng) rng_ = RngSnapshot::capture(), has_rng_ = true;
   }
   ~GlobalStateGuard() {
@@ -104,14 +105,15 @@ std::vector<torch::Tensor> recompute_inputs(const std::vector<torch::Tensor>& de
   if (leaf_fault) return detached;
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < detached.size(); ++i)
-    out.push_back(detached[i].requires_grad() && !originals[i].is_leaf() ? detached[i].view_as(detached[i]) : detached[i]);
+    out.push_back(detached[i].requires_grad() && !originals[i].is_leaf() ? detached[i].view_as(detached[i])
+                                                                         : detached[i]);
   return out;
 }
 
 std::string version_error(const char* what, size_t i, int64_t before, int64_t now) {
   return "checkpoint: " + std::string(what) + " " + std::to_string(i) +
-         " was modified in place between the checkpointed forward and its backward (version " +
-         std::to_string(before) + " -> " + std::to_string(now) +
+         " was modified in place between the checkpointed forward and its backward (version " + std::to_string(before) +
+         " -> " + std::to_string(now) +
          "); recomputing from the new value would give wrong gradients. Clone it before modifying it.";
 }
 

@@ -48,14 +48,14 @@ namespace detail {
 // Deliberately broken variants, used only by the fault injectors (verifier/faults.hpp) to prove that
 // every property fires. The correct implementation is the all-false default.
 struct Breakage {
-  bool skip_rng_restore = false;        // recompute with whatever the generators hold now
-  bool cpu_rng_only = false;            // restore the CPU generator but not the CUDA ones
-  bool skip_autocast_replay = false;    // recompute under the backward's autocast state
-  bool inputs_only_grad = false;        // differentiate only w.r.t. the inputs: parameters get nothing
-  bool recompute_twice = false;         // run the recompute two times
-  bool no_restore_on_throw = false;     // restore global state only on the success path
-  bool skip_version_check = false;      // recompute from inputs modified in place
-  bool leaf_inputs = false;             // hand fn the detached (leaf) inputs: changes autocast's cast caching
+  bool skip_rng_restore = false;      // recompute with whatever the generators hold now
+  bool cpu_rng_only = false;          // restore the CPU generator but not the CUDA ones
+  bool skip_autocast_replay = false;  // recompute under the backward's autocast state
+  bool inputs_only_grad = false;      // differentiate only w.r.t. the inputs: parameters get nothing
+  bool recompute_twice = false;       // run the recompute two times
+  bool no_restore_on_throw = false;   // restore global state only on the success path
+  bool skip_version_check = false;    // recompute from inputs modified in place
+  bool leaf_inputs = false;           // hand fn the detached (leaf) inputs: changes autocast's cast caching
 };
 torch::Tensor checkpoint_variant(const MultiSegmentFn& fn, const std::vector<torch::Tensor>& inputs,
                                  const std::vector<torch::Tensor>& params, CheckpointOptions options,

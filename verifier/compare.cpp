@@ -27,30 +27,29 @@ std::string CompareResult::index(int64_t flat) const {
 
 std::string CompareResult::message() const {
   const std::string threshold =
-      tol.exact() ? std::string("bitwise equality")
-                  : fmt::format("|a-e| <= {:.3g} + {:.3g}*|e|", tol.atol, tol.rtol);
+      tol.exact() ? std::string("bitwise equality") : fmt::format("|a-e| <= {:.3g} + {:.3g}*|e|", tol.atol, tol.rtol);
   std::string head = fmt::format("{}: ", view.label);
   if (r.nonfinite > 0)
     head += fmt::format("{} non-finite value(s), first at index {}. ", r.nonfinite, index(r.first_nonfinite_index));
   if (r.ok && r.nonfinite == 0)
-    return head + fmt::format("OK, {} elements, greatest absolute difference {:.3e}, greatest relative {:.3e} "
-                              "(allowed: {})",
-                              r.total, r.max_abs, r.max_rel, threshold);
+    return head + fmt::format(
+                      "OK, {} elements, greatest absolute difference {:.3e}, greatest relative {:.3e} "
+                      "(allowed: {})",
+                      r.total, r.max_abs, r.max_rel, threshold);
   const double share = r.total ? 100.0 * static_cast<double>(r.mismatched) / static_cast<double>(r.total) : 0.0;
   return head + fmt::format(
                     "Mismatched elements: {} / {} ({:.1f}%). Greatest absolute difference: {:.6e} at index {} "
                     "(actual {:.9g}, expected {:.9g}). Greatest relative difference: {:.6e} at index {} "
                     "(actual {:.9g}, expected {:.9g}). Allowed: {} ({}).",
-                    r.mismatched, r.total, share, r.max_abs, index(r.max_abs_index), r.actual_at_abs,
-                    r.expected_at_abs, r.max_rel, index(r.max_rel_index), r.actual_at_rel, r.expected_at_rel,
-                    threshold, tol.why);
+                    r.mismatched, r.total, share, r.max_abs, index(r.max_abs_index), r.actual_at_abs, r.expected_at_abs,
+                    r.max_rel, index(r.max_rel_index), r.actual_at_rel, r.expected_at_rel, threshold, tol.why);
 }
 
 CompareResult compare_values(const TensorView& view, const std::vector<double>& actual,
                              const std::vector<double>& expected, const Tolerance& tol) {
   if (actual.size() != expected.size())
-    throw std::invalid_argument(fmt::format("compare {}: {} actual values vs {} expected", view.label,
-                                            actual.size(), expected.size()));
+    throw std::invalid_argument(
+        fmt::format("compare {}: {} actual values vs {} expected", view.label, actual.size(), expected.size()));
   CompareResult out{view, tol, {}};
   auto& r = out.r;
   r.total = static_cast<int64_t>(actual.size());
@@ -70,7 +69,8 @@ CompareResult compare_values(const TensorView& view, const std::vector<double>& 
     const double abs_err = std::abs(a - e);
     const double rel_err = abs_err / std::max(std::abs(e), 1e-300);
     // Bitwise mode compares representations: -0.0 and +0.0 count as different (abs_err 0 there).
-    const bool bad = tol.exact() ? (std::signbit(a) != std::signbit(e) || a != e) : abs_err > tol.atol + tol.rtol * std::abs(e);
+    const bool bad =
+        tol.exact() ? (std::signbit(a) != std::signbit(e) || a != e) : abs_err > tol.atol + tol.rtol * std::abs(e);
     if (bad) ++r.mismatched;
     if (abs_err > r.max_abs || r.max_abs_index < 0) {
       r.max_abs = abs_err;

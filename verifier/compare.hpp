@@ -13,9 +13,9 @@
 namespace ckv {
 
 struct TensorView {
-  std::string label;                 // for example "layer3.attn.wq.weight.grad"
+  std::string label;  // for example "layer3.attn.wq.weight.grad"
   std::vector<int64_t> shape;
-  std::vector<std::string> dims;     // names of the dimensions, for example {"b","t","c"}; may be empty
+  std::vector<std::string> dims;  // names of the dimensions, for example {"b","t","c"}; may be empty
 };
 
 struct CompareStats {

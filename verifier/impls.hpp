@@ -13,8 +13,8 @@ namespace ckv {
 
 struct ImplInfo {
   std::string name;
-  std::string what;       // one line: what it does (wrong)
-  std::string killed_by;  // the property expected to kill it ("" for builtin)
+  std::string what;         // one line: what it does (wrong)
+  std::string killed_by;    // the property expected to kill it ("" for builtin)
   bool needs_cuda = false;  // only observable with a CUDA device
   std::string demo;         // Case line keys under which it is observable ("prec=bf16"), "" if any
 };

@@ -30,12 +30,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const torch::Tensor q = heads(wq_->forward(x)), k = heads(wk_->forward(x)), v = heads(wv_->forward(x));
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
   if (c_.causal) {
-    const torch::Tensor future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    const torch::Tensor future =
+        torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   }
   torch::Tensor probs = torch::softmax(scores, -1);
   probs = tap_->apply(probs, layer_, DropoutSite::attn_probs);
-  const torch::Tensor ctx = torch::matmul(probs.to(v.scalar_type()), v).transpose(1, 2).contiguous().view({B, T, c_.d_model});
+  const torch::Tensor ctx =
+      torch::matmul(probs.to(v.scalar_type()), v).transpose(1, 2).contiguous().view({B, T, c_.d_model});
   return wo_->forward(ctx);
 }
 
@@ -49,10 +51,18 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
   const torch::Tensor z1 = fc1_->forward(x);
   torch::Tensor a;
   switch (c_.activation) {
-    case Activation::relu: a = torch::relu(z1); break;
-    case Activation::gelu_tanh: a = torch::gelu(z1, "tanh"); break;
-    case Activation::gelu_erf: a = torch::gelu(z1, "none"); break;
-    case Activation::swiglu: a = torch::silu(gate_->forward(x)) * z1; break;
+    case Activation::relu:
+      a = torch::relu(z1);
+      break;
+    case Activation::gelu_tanh:
+      a = torch::gelu(z1, "tanh");
+      break;
+    case Activation::gelu_erf:
+      a = torch::gelu(z1, "none");
+      break;
+    case Activation::swiglu:
+      a = torch::silu(gate_->forward(x)) * z1;
+      break;
   }
   a = tap_->apply(a, layer_, DropoutSite::ffn_hidden);
   return fc2_->forward(a);
@@ -68,14 +78,18 @@ BlockImpl::BlockImpl(const ModelConfig& c, int layer, DropoutTap* tap) : c_(c), 
 }
 
 torch::Tensor BlockImpl::attn_sub(const torch::Tensor& x) {
-  if (c_.placement == NormPlacement::pre) return x + tap_->apply(attn_->forward(norm1_->forward(x)), layer_, DropoutSite::attn_out);
+  if (c_.placement == NormPlacement::pre)
+    return x + tap_->apply(attn_->forward(norm1_->forward(x)), layer_, DropoutSite::attn_out);
   return norm1_->forward(x + tap_->apply(attn_->forward(x), layer_, DropoutSite::attn_out));
 }
 torch::Tensor BlockImpl::ffn_sub(const torch::Tensor& x) {
-  if (c_.placement == NormPlacement::pre) return x + tap_->apply(ffn_->forward(norm2_->forward(x)), layer_, DropoutSite::ffn_out);
+  if (c_.placement == NormPlacement::pre)
+    return x + tap_->apply(ffn_->forward(norm2_->forward(x)), layer_, DropoutSite::ffn_out);
   return norm2_->forward(x + tap_->apply(ffn_->forward(x), layer_, DropoutSite::ffn_out));
 }
-torch::Tensor BlockImpl::forward(const torch::Tensor& x) { return ffn_sub(c_.attention ? attn_sub(x) : x); }
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  return ffn_sub(c_.attention ? attn_sub(x) : x);
+}
 
 TransformerImpl::TransformerImpl(const ModelConfig& c, DropoutTap* tap) : c_(c) {
   for (int l = 0; l < c.layers; ++l)
@@ -87,9 +101,12 @@ TransformerImpl::TransformerImpl(const ModelConfig& c, DropoutTap* tap) : c_(c) 
 torch::Tensor TransformerImpl::run_unit(const Unit& u, const torch::Tensor& h) {
   BlockImpl& b = block(u.layer);
   switch (u.part) {
-    case BlockPart::whole: return b.forward(h);
-    case BlockPart::attn: return b.attn_sub(h);
-    case BlockPart::ffn: return b.ffn_sub(h);
+    case BlockPart::whole:
+      return b.forward(h);
+    case BlockPart::attn:
+      return b.attn_sub(h);
+    case BlockPart::ffn:
+      return b.ffn_sub(h);
   }
   return h;
 }
@@ -106,7 +123,8 @@ void TransformerImpl::load(const ParamSet& p) {
   for (auto& kv : named_parameters()) {
     const NamedArray& a = p.at(kv.key());
     torch::Tensor src = torch::from_blob(const_cast<double*>(a.data.data()), a.shape, torch::kDouble);
-    if (src.sizes() != kv.value().sizes()) throw std::invalid_argument("model: parameter " + kv.key() + " has the wrong shape");
+    if (src.sizes() != kv.value().sizes())
+      throw std::invalid_argument("model: parameter " + kv.key() + " has the wrong shape");
     kv.value().copy_(src);
   }
 }
@@ -129,7 +147,9 @@ std::vector<double> to_doubles(const torch::Tensor& t) {
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
-torch::Device parse_device(const std::string& device) { return torch::Device(device); }
+torch::Device parse_device(const std::string& device) {
+  return torch::Device(device);
+}
 
 c10::ScalarType autocast_dtype(Precision p) {
   return p == Precision::fp16 ? torch::kHalf : p == Precision::bf16 ? torch::kBFloat16 : torch::kFloat;

@@ -79,9 +79,9 @@ class TransformerImpl : public torch::nn::Module {
   BlockImpl& block(int l) { return *blocks_.at(static_cast<size_t>(l)); }
   const ModelConfig& config() const { return c_; }
 
-  void load(const ParamSet& p);          // copies values (fp64 -> parameter dtype) by name
-  ParamSet values() const;               // current parameters, as fp64, in layout order
-  ParamSet grads() const;                // gradients (zeros where undefined), as fp64
+  void load(const ParamSet& p);  // copies values (fp64 -> parameter dtype) by name
+  ParamSet values() const;       // current parameters, as fp64, in layout order
+  ParamSet grads() const;        // gradients (zeros where undefined), as fp64
 
  private:
   ModelConfig c_;

@@ -18,28 +18,44 @@ bool parse_suffix(const std::string& s, size_t prefix_len, int& out) {
 
 std::string Plan::to_string() const {
   switch (kind) {
-    case PlanKind::none: return "none";
-    case PlanKind::every_block: return "block";
-    case PlanKind::every_n: return "every" + std::to_string(n);
-    case PlanKind::segments: return "seg" + std::to_string(n);
-    case PlanKind::sqrt_segments: return "sqrt";
-    case PlanKind::attn_only: return "attn";
-    case PlanKind::ffn_only: return "ffn";
-    case PlanKind::from_layer: return "from" + std::to_string(n);
+    case PlanKind::none:
+      return "none";
+    case PlanKind::every_block:
+      return "block";
+    case PlanKind::every_n:
+      return "every" + std::to_string(n);
+    case PlanKind::segments:
+      return "seg" + std::to_string(n);
+    case PlanKind::sqrt_segments:
+      return "sqrt";
+    case PlanKind::attn_only:
+      return "attn";
+    case PlanKind::ffn_only:
+      return "ffn";
+    case PlanKind::from_layer:
+      return "from" + std::to_string(n);
   }
   return "?";
 }
 
 bool Plan::parse(const std::string& s, Plan& out, std::string& error) {
   Plan p;
-  if (s == "none") p.kind = PlanKind::none;
-  else if (s == "block") p.kind = PlanKind::every_block;
-  else if (s == "sqrt") p.kind = PlanKind::sqrt_segments;
-  else if (s == "attn") p.kind = PlanKind::attn_only;
-  else if (s == "ffn") p.kind = PlanKind::ffn_only;
-  else if (s.rfind("every", 0) == 0 && parse_suffix(s, 5, p.n) && p.n >= 1) p.kind = PlanKind::every_n;
-  else if (s.rfind("seg", 0) == 0 && parse_suffix(s, 3, p.n) && p.n >= 1) p.kind = PlanKind::segments;
-  else if (s.rfind("from", 0) == 0 && parse_suffix(s, 4, p.n)) p.kind = PlanKind::from_layer;
+  if (s == "none")
+    p.kind = PlanKind::none;
+  else if (s == "block")
+    p.kind = PlanKind::every_block;
+  else if (s == "sqrt")
+    p.kind = PlanKind::sqrt_segments;
+  else if (s == "attn")
+    p.kind = PlanKind::attn_only;
+  else if (s == "ffn")
+    p.kind = PlanKind::ffn_only;
+  else if (s.rfind("every", 0) == 0 && parse_suffix(s, 5, p.n) && p.n >= 1)
+    p.kind = PlanKind::every_n;
+  else if (s.rfind("seg", 0) == 0 && parse_suffix(s, 3, p.n) && p.n >= 1)
+    p.kind = PlanKind::segments;
+  else if (s.rfind("from", 0) == 0 && parse_suffix(s, 4, p.n))
+    p.kind = PlanKind::from_layer;
   else {
     error = "plan \"" + s + "\" is not one of " + kPlanSpellings + " (N, K >= 1; I >= 0)";
     return false;
@@ -74,7 +90,8 @@ std::vector<Segment> Plan::segments(int layers, bool attention) const {
       break;
     case PlanKind::segments:
     case PlanKind::sqrt_segments: {
-      const int k = kind == PlanKind::segments ? n : static_cast<int>(std::ceil(std::sqrt(static_cast<double>(layers))));
+      const int k =
+          kind == PlanKind::segments ? n : static_cast<int>(std::ceil(std::sqrt(static_cast<double>(layers))));
       int first = 0;
       for (int s = 0; s < k; ++s) {
         const int size = layers / k + (s < layers % k ? 1 : 0);  // earlier segments take the remainder

@@ -50,7 +50,8 @@ RunObservation run_case(const Case& c, CheckpointImpl* impl) {
   model.train();
 
   const torch::Tensor x0 = to_tensor(obs.data.x, {c.batch, c.seq, c.model.d_model}, device);
-  const torch::Tensor targets = torch::from_blob(obs.data.targets.data(), {c.batch, c.seq}, torch::kLong).clone().to(device);
+  const torch::Tensor targets =
+      torch::from_blob(obs.data.targets.data(), {c.batch, c.seq}, torch::kLong).clone().to(device);
   const torch::Tensor y = to_tensor(obs.data.y, {c.batch, c.seq, c.model.vocab}, device);
   const bool autocast = c.precision != Precision::fp32;
   const std::vector<std::string> names = [&] {
@@ -67,7 +68,8 @@ RunObservation run_case(const Case& c, CheckpointImpl* impl) {
     const torch::Tensor x = x0.clone().requires_grad_(true);
     torch::Tensor loss;
     {
-      compat::ScopedAutocastState ac(compat::AutocastState::current().with(device.type(), autocast, autocast_dtype(c.precision)));
+      compat::ScopedAutocastState ac(
+          compat::AutocastState::current().with(device.type(), autocast, autocast_dtype(c.precision)));
       torch::Tensor h = x;
       for (size_t s = 0; s < obs.segments.size(); ++s) {
         const Segment& seg = obs.segments[s];

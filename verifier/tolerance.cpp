@@ -24,9 +24,15 @@ Tolerance tolerance_for(Precision p, Comparison k) {
     // No bound both passes correct runs and catches bugs, so the comparison is reported as not
     // applicable; grad-baseline (bitwise against the non-checkpointed autocast run) is the AMP check.
     case Precision::bf16:
-      return {0.0, 0.0, "bf16 autocast vs fp64 has no useful bound at these sizes (global relative L2 over 600 cases: median 1.7%, p99 38%, max 70%)", false};
+      return {0.0, 0.0,
+              "bf16 autocast vs fp64 has no useful bound at these sizes (global relative L2 over 600 cases: median "
+              "1.7%, p99 38%, max 70%)",
+              false};
     case Precision::fp16:
-      return {0.0, 0.0, "fp16 autocast vs fp64 has no useful bound at these sizes (global relative L2 over 600 cases: median 0.18%, p99 7%, max 32%)", false};
+      return {0.0, 0.0,
+              "fp16 autocast vs fp64 has no useful bound at these sizes (global relative L2 over 600 cases: median "
+              "0.18%, p99 7%, max 32%)",
+              false};
   }
   return {};
 }

@@ -14,7 +14,8 @@ namespace {
 void assert_all_hold(const Case& c) {
   auto impl = make_impl("builtin");
   for (const Finding& f : check_case(c, *impl)) {
-    RC_CLASSIFY(f.property == "rng-replay" && !c.plan.segments(c.model.layers, c.model.attention).empty(), c.plan.to_string());
+    RC_CLASSIFY(f.property == "rng-replay" && !c.plan.segments(c.model.layers, c.model.attention).empty(),
+                c.plan.to_string());
     if (!f.held) RC_FAIL(f.property + " at " + f.where + ": " + f.detail);
   }
 }
@@ -36,11 +37,13 @@ TEST_P(EveryPlan, BuiltinHoldsWithDropout) {
   o.force_dropout = true;
   EXPECT_TRUE(rc::check(std::string("plan ") + GetParam(), [&] { assert_all_hold(*gen_case(o)); }));
 }
-INSTANTIATE_TEST_SUITE_P(Plans, EveryPlan, ::testing::Values("none", "block", "every2", "seg2", "sqrt", "attn", "ffn", "from1"));
+INSTANTIATE_TEST_SUITE_P(Plans, EveryPlan,
+                         ::testing::Values("none", "block", "every2", "seg2", "sqrt", "attn", "ffn", "from1"));
 
 // ---- faults: each must be killed, by the expected property, naming the site ----
 Case dropout_case(const char* impl) {
-  Case c = case_from_line("layers=3 d=8 heads=2 ffn=2 vocab=5 drop=0.2,0.2,0.3,0.2 batch=2 seq=4 steps=2 plan=block seed=5");
+  Case c =
+      case_from_line("layers=3 d=8 heads=2 ffn=2 vocab=5 drop=0.2,0.2,0.3,0.2 batch=2 seq=4 steps=2 plan=block seed=5");
   c.impl = impl;
   return c;
 }
@@ -71,12 +74,14 @@ TEST(Faults, EveryListedFaultIsKilledByItsProperty) {
     Case c = dropout_case(info.name.c_str());
     if (!info.demo.empty()) c = case_from_line(to_line(c) + " " + info.demo);  // later keys win
     const auto fs = check_case(c, *impl);
-    EXPECT_FALSE(finding(fs, info.killed_by).held) << info.name << " survived " << info.killed_by << " on " << to_line(c);
+    EXPECT_FALSE(finding(fs, info.killed_by).held)
+        << info.name << " survived " << info.killed_by << " on " << to_line(c);
   }
 }
 
 TEST(Faults, CpuRngOnlyIsKilledOnCuda) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device: the CUDA generators are what this fault forgets";
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "needs a CUDA device: the CUDA generators are what this fault forgets";
   Case c = dropout_case("cpu-rng-only");
   c.device = "cuda";
   auto impl = make_impl(c.impl);
@@ -85,13 +90,15 @@ TEST(Faults, CpuRngOnlyIsKilledOnCuda) {
 
 TEST(Faults, BuiltinSurvivesTheSameCase) {
   auto impl = make_impl("builtin");
-  for (const Finding& f : check_case(dropout_case("builtin"), *impl)) EXPECT_TRUE(f.held) << f.property << ": " << f.detail;
+  for (const Finding& f : check_case(dropout_case("builtin"), *impl))
+    EXPECT_TRUE(f.held) << f.property << ": " << f.detail;
 }
 
 TEST(Faults, BuiltinIsBitwiseEqualToTheBaselineUnderBf16Autocast) {
   // The case that exposed the leaf-input bug: bf16, a checkpointed block that is not the last.
-  const Case c = case_from_line("layers=2 d=4 heads=1 ffn=1 vocab=2 pos=post attn=bidir act=swiglu prec=bf16 "
-                                "plan=block drop=0.25,0.25,0.5,0 dropimpl=native batch=1 seq=2 seed=84666043189007");
+  const Case c = case_from_line(
+      "layers=2 d=4 heads=1 ffn=1 vocab=2 pos=post attn=bidir act=swiglu prec=bf16 "
+      "plan=block drop=0.25,0.25,0.5,0 dropimpl=native batch=1 seq=2 seed=84666043189007");
   auto impl = make_impl("builtin");
   const auto fs = check_case(c, *impl);
   EXPECT_TRUE(finding(fs, "grad-baseline").held) << finding(fs, "grad-baseline").detail;

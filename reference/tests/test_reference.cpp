@@ -136,7 +136,9 @@ double max_change_before_last_position(const ReferenceFaults& faults) {
       }
   return worst;
 }
-TEST(Causality, FuturePositionsDoNotReachThePast) { EXPECT_EQ(max_change_before_last_position({}), 0.0); }
+TEST(Causality, FuturePositionsDoNotReachThePast) {
+  EXPECT_EQ(max_change_before_last_position({}), 0.0);
+}
 TEST(Causality, PlantedOffByOneMaskIsCaught) {
   EXPECT_GT(max_change_before_last_position(with(&ReferenceFaults::causal_mask_off_by_one)), 1e-3);
 }
@@ -167,7 +169,8 @@ TEST(LabBlock, MatchesAHandComputedForward) {
     for (int k = 0; k < D; ++k) var += (x[k] - mean) * (x[k] - mean) / D;
     double n[4], hid[16];
     for (int k = 0; k < D; ++k)
-      n[k] = (x[k] - mean) / std::sqrt(var + kNormEps) * p.ptr("layer0.norm2.weight")[k] + p.ptr("layer0.norm2.bias")[k];
+      n[k] =
+          (x[k] - mean) / std::sqrt(var + kNormEps) * p.ptr("layer0.norm2.weight")[k] + p.ptr("layer0.norm2.bias")[k];
     for (int j = 0; j < F; ++j) {
       double z = p.ptr("layer0.ffn.fc1.bias")[j];
       for (int k = 0; k < D; ++k) z += p.ptr("layer0.ffn.fc1.weight")[j * D + k] * n[k];

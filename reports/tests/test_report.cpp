@@ -60,7 +60,9 @@ TEST(Report, JunitHasOneTestcasePerPropertyAndEscapes) {
   EXPECT_NE(x.find("<testcase classname=\"ckverify.no-preserve-rng\" name=\"rng-replay\">"), std::string::npos) << x;
   EXPECT_NE(x.find("mask differs &lt;&amp;&gt; &quot;here&quot;"), std::string::npos) << x;
   EXPECT_EQ(x.find("<&>"), std::string::npos) << "unescaped text in XML";
-  EXPECT_NE(x.find("<testcase classname=\"ckverify.no-preserve-rng\" name=\"grad-reference\"></testcase>"), std::string::npos) << x;
+  EXPECT_NE(x.find("<testcase classname=\"ckverify.no-preserve-rng\" name=\"grad-reference\"></testcase>"),
+            std::string::npos)
+      << x;
 }
 
 TEST(Report, JunitMarksAPropertyThatNeverAppliedAsSkippedNotPassed) {

@@ -20,11 +20,15 @@ int main(int argc, char** argv) {
   const int n = argc > 1 ? std::max(10, std::atoi(argv[1])) : 600;
   const std::string name = argc > 2 ? argv[2] : "bf16";
   Precision prec;
-  if (name == "fp32") prec = Precision::fp32;
-  else if (name == "bf16") prec = Precision::bf16;
-  else if (name == "fp16" && compat::kCpuFp16Autocast) prec = Precision::fp16;
+  if (name == "fp32")
+    prec = Precision::fp32;
+  else if (name == "bf16")
+    prec = Precision::bf16;
+  else if (name == "fp16" && compat::kCpuFp16Autocast)
+    prec = Precision::fp16;
   else {
-    std::fprintf(stderr, "calibrate_tolerance: precision must be fp32|bf16%s\n", compat::kCpuFp16Autocast ? "|fp16" : "");
+    std::fprintf(stderr, "calibrate_tolerance: precision must be fp32|bf16%s\n",
+                 compat::kCpuFp16Autocast ? "|fp16" : "");
     return 2;
   }
   const auto gen = gen_case(CaseGenOptions{});
@@ -38,7 +42,8 @@ int main(int argc, char** argv) {
     const DropoutMasks masks = reference_masks(run.masks, c.model, c.dropout, 0);
     const ReferenceResult ref = reference_forward_backward(c.model, run.initial_params, run.data, masks);
     std::vector<std::pair<const std::vector<double>*, const std::vector<double>*>> pairs;
-    for (size_t k = 0; k < ref.grads.items.size(); ++k) pairs.emplace_back(&run.steps[0].grads.items[k].data, &ref.grads.items[k].data);
+    for (size_t k = 0; k < ref.grads.items.size(); ++k)
+      pairs.emplace_back(&run.steps[0].grads.items[k].data, &ref.grads.items[k].data);
     pairs.emplace_back(&run.steps[0].dx, &ref.dx);
     double largest = 0.0;
     for (const auto& [a, e] : pairs)

@@ -4,9 +4,9 @@
 //   faults run the gate against every fault injector: the killing property and cases-to-kill table
 //   list   the implementations (builtin and the fault injectors) and what should kill each
 // Exit codes: 0 every property held; 1 a property failed; 2 bad usage or bad input; 3 internal error.
-#include <CLI/CLI.hpp>
 #include <rapidcheck.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -89,13 +89,13 @@ struct Progress {
 // shrinking then only accepts smaller Cases that fail that same property, so the shrunk Case
 // reproduces the original diagnosis rather than drifting to another failure.
 struct Search {
-  int ran = 0;                     // cases run before any failure (shrink attempts not counted)
+  int ran = 0;  // cases run before any failure (shrink attempts not counted)
   int passing_before_failure = 0;
   bool budget_hit = false;
   double elapsed_s = 0.0;
-  std::string property;            // the failing property; empty when every case passed
-  Case failing_case;               // the shrunk Case
-  std::vector<Finding> findings;   // of the shrunk Case
+  std::string property;           // the failing property; empty when every case passed
+  Case failing_case;              // the shrunk Case
+  std::vector<Finding> findings;  // of the shrunk Case
   std::map<std::string, int> held, not_applicable;
   std::string gave_up;
 };
@@ -118,8 +118,10 @@ Search search_cases(const CaseGenOptions& o, int cases, uint64_t seed, double bu
       ++s.ran;
       progress.tick(s.ran);
       for (const auto& f : fs) {
-        if (!f.applicable) ++s.not_applicable[f.property];
-        else if (f.held) ++s.held[f.property];
+        if (!f.applicable)
+          ++s.not_applicable[f.property];
+        else if (f.held)
+          ++s.held[f.property];
       }
     }
     const bool fails = bad && (s.property.empty() || std::any_of(fs.begin(), fs.end(), [&](const Finding& f) {
@@ -167,7 +169,8 @@ struct Outputs {
   }
 };
 
-report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, const Finding& head, const std::string& repro) {
+report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, const Finding& head,
+                             const std::string& repro) {
   report::Failure f;
   f.property = head.property;
   f.where = head.where;
@@ -237,7 +240,8 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
       if (!f.held && f.property == s.property) head = &f;
     if (!head) head = first_failure(s.findings);
     if (!repro_path.empty()) write_atomically(repro_path, to_json(s.failing_case));
-    r.failure = make_failure(s.failing_case, s.findings, *head, repro_path.empty() ? "" : "ckverify repro " + repro_path);
+    r.failure =
+        make_failure(s.failing_case, s.findings, *head, repro_path.empty() ? "" : "ckverify repro " + repro_path);
     r.failure->passing_before = s.passing_before_failure;
     r.exit_code = kExitFailed;
     std::cout << "\n";
@@ -271,7 +275,8 @@ int cmd_repro(const std::string& path, const Outputs& out) {
   r.cases_requested = r.cases_run = 1;
   r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& f : fs)
-    r.properties.push_back({f.property, f.held && f.applicable ? 1 : 0, f.applicable ? 0 : 1, !f.held, f.where, f.detail});
+    r.properties.push_back(
+        {f.property, f.held && f.applicable ? 1 : 0, f.applicable ? 0 : 1, !f.held, f.where, f.detail});
   if (const Finding* bad = first_failure(fs)) {
     r.failure = make_failure(c, fs, *bad, "");
     r.exit_code = kExitFailed;
@@ -285,7 +290,8 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
   check_writable(json_path, "--json");
   if (cases < 1) throw UsageError("--cases must be >= 1");
   const bool cuda = device != "cpu";
-  std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device << "\n\n";
+  std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device
+            << "\n\n";
   std::printf("%-22s %-16s %-16s %8s  %s\n", "fault", "expected", "killed by", "cases", "shrunk case");
   json rows = json::array();
   int survivors = 0;
@@ -306,14 +312,25 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
     const std::string kills = killed ? std::to_string(r.passing_before_failure + 1) : "-";
     std::printf("%-22s %-16s %-16s %8s  %s\n", info.name.c_str(), info.killed_by.c_str(),
                 killed ? r.property.c_str() : "SURVIVED", kills.c_str(), killed ? to_line(r.failing_case).c_str() : "");
-    rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", true}, {"killed", killed},
-                    {"killed_by", r.property}, {"cases_to_kill", killed ? r.passing_before_failure + 1 : 0},
-                    {"cases_run", r.ran}, {"shrunk_case", killed ? to_line(r.failing_case) : ""}});
+    rows.push_back({{"fault", info.name},
+                    {"expected", info.killed_by},
+                    {"run", true},
+                    {"killed", killed},
+                    {"killed_by", r.property},
+                    {"cases_to_kill", killed ? r.passing_before_failure + 1 : 0},
+                    {"cases_run", r.ran},
+                    {"shrunk_case", killed ? to_line(r.failing_case) : ""}});
   }
   if (!json_path.empty())
-    write_atomically(json_path, json{{"tool", "ckverify"}, {"command", "faults"}, {"seed", seed}, {"faults", rows},
-                                     {"survivors", survivors}}.dump(2) + "\n");
-  std::cout << "\n" << (survivors ? "FAIL: " + std::to_string(survivors) + " fault(s) survived" : std::string("PASS: every fault that ran was killed")) << std::endl;
+    write_atomically(
+        json_path,
+        json{{"tool", "ckverify"}, {"command", "faults"}, {"seed", seed}, {"faults", rows}, {"survivors", survivors}}
+                .dump(2) +
+            "\n");
+  std::cout << "\n"
+            << (survivors ? "FAIL: " + std::to_string(survivors) + " fault(s) survived"
+                          : std::string("PASS: every fault that ran was killed"))
+            << std::endl;
   return survivors ? kExitFailed : kExitOk;
 }
 
@@ -327,21 +344,28 @@ int cmd_list() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckverify: correctness gate for activation checkpointing (LibTorch vs an Eigen fp64 reference).\n"
-               "Exit codes: 0 all properties held, 1 a property failed, 2 bad usage or input, 3 internal error."};
+  CLI::App app{
+      "ckverify: correctness gate for activation checkpointing (LibTorch vs an Eigen fp64 reference).\n"
+      "Exit codes: 0 all properties held, 1 a property failed, 2 bad usage or input, 3 internal error."};
   app.require_subcommand(1);
   std::string impl = "builtin", plan, json_path, repro_path = "ckverify-repro.json", device = "cpu", case_path;
   int cases = 4000;
   uint64_t seed = 1;
   double budget = 180;
 
-  auto* check = app.add_subcommand("check", "Run the properties (rng-replay, recompute-count, grad-baseline, "
-                                            "grad-reference, exception-safe) over generated Cases; shrink any failure.");
-  check->add_option("--impl", impl, "Implementation under test: builtin or a fault name (see `ckverify list`)")->capture_default_str();
-  check->add_option("--plan", plan, std::string("Checkpoint plan for every case (") + kPlanSpellings + "); default: generated");
+  auto* check = app.add_subcommand("check",
+                                   "Run the properties (rng-replay, recompute-count, grad-baseline, "
+                                   "grad-reference, exception-safe) over generated Cases; shrink any failure.");
+  check->add_option("--impl", impl, "Implementation under test: builtin or a fault name (see `ckverify list`)")
+      ->capture_default_str();
+  check->add_option("--plan", plan,
+                    std::string("Checkpoint plan for every case (") + kPlanSpellings + "); default: generated");
   check->add_option("--cases", cases, "Number of generated cases")->capture_default_str();
   check->add_option("--seed", seed, "RapidCheck seed; the same seed generates the same cases")->capture_default_str();
-  check->add_option("--time-budget", budget, "Stop generating new cases after this many seconds (the report says how many ran)")->capture_default_str();
+  check
+      ->add_option("--time-budget", budget,
+                   "Stop generating new cases after this many seconds (the report says how many ran)")
+      ->capture_default_str();
   Outputs outs;
   check->add_option("--json", outs.json, "Write the report as JSON to this file");
   check->add_option("--junit", outs.junit, "Write the report as JUnit XML (one testcase per property) to this file");
@@ -355,11 +379,14 @@ int main(int argc, char** argv) {
   repro->add_option("--junit", outs.junit, "Write the report as JUnit XML to this file");
   repro->add_option("--markdown", outs.markdown, "Write the report as Markdown to this file");
 
-  auto* faults = app.add_subcommand("faults", "Run the gate against every fault injector: which property kills each, after how many cases.");
+  auto* faults = app.add_subcommand(
+      "faults", "Run the gate against every fault injector: which property kills each, after how many cases.");
   int fault_cases = 500;
-  faults->add_option("--cases", fault_cases, "Cases per fault before it counts as having survived")->capture_default_str();
+  faults->add_option("--cases", fault_cases, "Cases per fault before it counts as having survived")
+      ->capture_default_str();
   faults->add_option("--seed", seed, "RapidCheck seed")->capture_default_str();
-  faults->add_option("--time-budget", budget, "Per fault: stop generating new cases after this many seconds")->capture_default_str();
+  faults->add_option("--time-budget", budget, "Per fault: stop generating new cases after this many seconds")
+      ->capture_default_str();
   faults->add_option("--json", json_path, "Write the table as JSON to this file");
   faults->add_option("--device", device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
 

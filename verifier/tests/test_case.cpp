@@ -87,27 +87,21 @@ TEST_P(InvalidCase, IsRejectedWithOneLineNamingTheField) {
 }
 INSTANTIATE_TEST_SUITE_P(
     Cases, InvalidCase,
-    ::testing::Values(Bad{"heads=3 d=16", true, "model.heads=3 must divide model.d_model=16"},
-                      Bad{"layers=0", true, "model.layers=0 is outside [1, 64]"},
-                      Bad{"batch=-2", true, "batch=-2 is outside"},
-                      Bad{"seq=0", true, "seq=0 is outside"},
-                      Bad{"drop=1.0", true, "dropout.attn_probs=1.0 is outside [0, 1)"},
-                      Bad{"drop=0.1,0.1,-0.5,0.1", true, "dropout.ffn_hidden=-0.5 is outside [0, 1)"},
-                      Bad{"norm=batchnorm", true, "layernorm|rmsnorm"},
-                      Bad{"act=tanh", true, "relu|gelu_tanh|gelu_erf|swiglu"},
-                      Bad{"prec=fp8", true, "fp32|bf16|fp16"},
-                      Bad{"attn=sideways", true, "causal|bidir|off"},
-                      Bad{"plan=every0", true, "none|block|everyN|segK|sqrt|attn|ffn|fromI"},
-                      Bad{"plan=seg9 layers=2", true, "seg9 needs K <= layers=2"},
-                      Bad{"device=tpu", true, "cpu|cuda|cuda:N"},
-                      Bad{"colour=red", true, "unknown key \"colour\""},
-                      Bad{"d=abc", true, "d=\"abc\" is not a number"},
-                      Bad{"{\"model\": {\"layers\": 2,}", false, "malformed JSON"},
-                      Bad{"[1,2]", false, "must be a JSON object"},
-                      Bad{"{\"model\": {\"layers\": 2.5}}", false, "model.layers must be an integer"},
-                      Bad{"{\"dropout\": {\"attn_prob\": 0.1}}", false, "unknown field dropout.attn_prob"},
-                      Bad{"{\"seed\": -1}", false, "seed must be a non-negative integer"},
-                      Bad{"{\"model\": {\"loss\": \"hinge\"}}", false, "model.loss=\"hinge\" is not one of ce|mse"}));
+    ::testing::Values(
+        Bad{"heads=3 d=16", true, "model.heads=3 must divide model.d_model=16"},
+        Bad{"layers=0", true, "model.layers=0 is outside [1, 64]"}, Bad{"batch=-2", true, "batch=-2 is outside"},
+        Bad{"seq=0", true, "seq=0 is outside"}, Bad{"drop=1.0", true, "dropout.attn_probs=1.0 is outside [0, 1)"},
+        Bad{"drop=0.1,0.1,-0.5,0.1", true, "dropout.ffn_hidden=-0.5 is outside [0, 1)"},
+        Bad{"norm=batchnorm", true, "layernorm|rmsnorm"}, Bad{"act=tanh", true, "relu|gelu_tanh|gelu_erf|swiglu"},
+        Bad{"prec=fp8", true, "fp32|bf16|fp16"}, Bad{"attn=sideways", true, "causal|bidir|off"},
+        Bad{"plan=every0", true, "none|block|everyN|segK|sqrt|attn|ffn|fromI"},
+        Bad{"plan=seg9 layers=2", true, "seg9 needs K <= layers=2"}, Bad{"device=tpu", true, "cpu|cuda|cuda:N"},
+        Bad{"colour=red", true, "unknown key \"colour\""}, Bad{"d=abc", true, "d=\"abc\" is not a number"},
+        Bad{"{\"model\": {\"layers\": 2,}", false, "malformed JSON"}, Bad{"[1,2]", false, "must be a JSON object"},
+        Bad{"{\"model\": {\"layers\": 2.5}}", false, "model.layers must be an integer"},
+        Bad{"{\"dropout\": {\"attn_prob\": 0.1}}", false, "unknown field dropout.attn_prob"},
+        Bad{"{\"seed\": -1}", false, "seed must be a non-negative integer"},
+        Bad{"{\"model\": {\"loss\": \"hinge\"}}", false, "model.loss=\"hinge\" is not one of ce|mse"}));
 
 TEST(Plan, SegmentsCoverEveryLayerOnceInOrder) {
   for (const char* s : {"none", "block", "every2", "seg3", "sqrt", "attn", "ffn", "from2"}) {

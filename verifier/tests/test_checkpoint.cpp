@@ -11,7 +11,8 @@ namespace {
 
 torch::Tensor run_variant(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& x,
                           const std::vector<torch::Tensor>& params, detail::Breakage b = {}) {
-  return detail::checkpoint_variant([fn](const std::vector<torch::Tensor>& in) { return fn(in.at(0)); }, {x}, params, {}, b);
+  return detail::checkpoint_variant([fn](const std::vector<torch::Tensor>& in) { return fn(in.at(0)); }, {x}, params,
+                                    {}, b);
 }
 
 TEST(Checkpoint, GradientsEqualThePlainRunBitwise) {
@@ -59,7 +60,9 @@ TEST(Checkpoint, InputModifiedInPlaceBeforeBackwardIsAnError) {
     out.sum().backward();
     FAIL() << "backward recomputed from a modified input";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("modified in place between the checkpointed forward and its backward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("modified in place between the checkpointed forward and its backward"),
+              std::string::npos)
+        << e.what();
   }
   // Without the check, backward silently recomputes from the new value.
   const torch::Tensor y = leaf * 2;
