@@ -27,14 +27,15 @@ inline rc::Gen<double> gen_rate(bool force) {
   return rc::gen::element(0.0, 0.0, 0.1, 0.25, 0.5);
 }
 
+// d_model is drawn as the head dimension (4 or 8) and multiplied by heads below, so heads always
+// divide it. Head dim 2 is left out: LayerNorm over 2 features is degenerate (ill-conditioned).
 inline rc::Gen<ModelConfig> gen_model() {
   using namespace rc;
   return gen::map(
       gen::build<ModelConfig>(
           gen::set(&ModelConfig::layers, gen::inRange(1, 9)), gen::set(&ModelConfig::heads, gen::element(1, 2, 4)),
-          gen::set(&ModelConfig::d_model,
-                   gen::element(4, 8)),  // head dim; scaled below. d=2 LayerNorm is degenerate (ill-conditioned)
-          gen::set(&ModelConfig::ffn_mult, gen::inRange(1, 5)), gen::set(&ModelConfig::vocab, gen::inRange(2, 12)),
+          gen::set(&ModelConfig::d_model, gen::element(4, 8)), gen::set(&ModelConfig::ffn_mult, gen::inRange(1, 5)),
+          gen::set(&ModelConfig::vocab, gen::inRange(2, 12)),
           gen::set(&ModelConfig::norm, gen::element(NormKind::layer, NormKind::rms)),
           gen::set(&ModelConfig::placement, gen::element(NormPlacement::pre, NormPlacement::post)),
           gen::set(&ModelConfig::attention, gen::element(true, true, false)),
@@ -43,7 +44,7 @@ inline rc::Gen<ModelConfig> gen_model() {
                    gen::element(Activation::relu, Activation::gelu_tanh, Activation::gelu_erf, Activation::swiglu)),
           gen::set(&ModelConfig::loss, gen::element(LossKind::cross_entropy, LossKind::mse))),
       [](ModelConfig m) {
-        m.d_model *= m.heads;  // heads always divide d_model
+        m.d_model *= m.heads;
         return m;
       });
 }
