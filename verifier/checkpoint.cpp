@@ -145,13 +145,12 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       if (!b.skip_version_check && params[i]._version() != state->param_versions[i])
         throw std::runtime_error(version_error("parameter", i, state->param_versions[i], params[i]._version()));
 
-    const bool rng = state->options.preserve_rng && !b.skip_rng_restore;
+    const bool rng = state->options.preserve_rng;
     GlobalStateGuard guard(rng);
     if (rng) state->forward_rng.restore(/*include_cuda=*/!b.cpu_rng_only);
     torch::Tensor out;
     std::vector<torch::Tensor> detached;
     auto run_fn = [&] {
-      detached.clear();
       detached = detach_like_forward(inputs);
       out = state->fn(recompute_inputs(detached, inputs, b.leaf_inputs));
     };

@@ -48,7 +48,6 @@ namespace detail {
 // Deliberately broken variants, used only by the fault injectors (verifier/faults.hpp) to prove that
 // every property fires. The correct implementation is the all-false default.
 struct Breakage {
-  bool skip_rng_restore = false;      // recompute with whatever the generators hold now
   bool cpu_rng_only = false;          // restore the CPU generator but not the CUDA ones
   bool skip_autocast_replay = false;  // recompute under the backward's autocast state
   bool inputs_only_grad = false;      // differentiate only w.r.t. the inputs: parameters get nothing

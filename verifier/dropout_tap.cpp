@@ -31,13 +31,6 @@ torch::Tensor DropoutTap::apply(const torch::Tensor& x, int layer, DropoutSite s
   return out;
 }
 
-std::vector<const MaskRecord*> DropoutTap::calls(int step, int layer, DropoutSite site) const {
-  std::vector<const MaskRecord*> out;
-  for (const auto& r : records_)
-    if (r.step == step && r.layer == layer && r.site == site) out.push_back(&r);
-  return out;
-}
-
 DropoutMasks reference_masks(const std::vector<MaskRecord>& records, const ModelConfig& cfg,
                              const std::array<double, kNumDropoutSites>& p, int step, int call) {
   DropoutMasks m = DropoutMasks::none(cfg.layers);

@@ -38,11 +38,8 @@ class DropoutTap {
  public:
   DropoutTap(DropoutImpl impl, std::array<double, kNumDropoutSites> p) : impl_(impl), p_(p) {}
   void begin_step(int step) { step_ = step; }
-  int step() const { return step_; }
   torch::Tensor apply(const torch::Tensor& x, int layer, DropoutSite site);
   const std::vector<MaskRecord>& records() const { return records_; }
-  std::vector<const MaskRecord*> calls(int step, int layer, DropoutSite site) const;
-  void clear() { records_.clear(); }
 
  private:
   DropoutImpl impl_;

@@ -1,7 +1,6 @@
 // verifier/tolerance.hpp: the one tolerance table (DESIGN.md, "Tolerances"). Keyed by the precision
 // of the run under test and the kind of comparison; rtol and atol always as a pair, and every entry
 // says why it is what it is. A comparison passes elementwise when |actual - expected| <= atol + rtol*|expected|.
-// An override is a scoped Tolerance value built with `with_reason`, never an edit of a call site's numbers.
 #pragma once
 
 #include <string>
@@ -22,7 +21,6 @@ struct Tolerance {
   std::string why;
   bool applicable = true;  // false: no bound makes this comparison a useful check; `why` says why
   bool exact() const { return rtol == 0.0 && atol == 0.0; }
-  Tolerance with_reason(double r, double a, std::string reason) const { return {r, a, std::move(reason), true}; }
 };
 
 Tolerance tolerance_for(Precision p, Comparison k);
