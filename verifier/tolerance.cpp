@@ -14,11 +14,12 @@ Tolerance tolerance_for(Precision p, Comparison k) {
   }
   switch (p) {
     case Precision::fp32:
-      // fp32 vs fp64 through the layer stack. `calibrate_tolerance 600 fp32`: worst tensor error
-      // relative to the tensor's scale median 8.3e-6, max 6.6e-5; global relative L2 max 2.2e-5.
-      // rtol 2e-4 with atol 2e-5 in tensor-scale units (scaled_to_tensor) keeps a 3x margin over the
-      // worst case seen, and a wrong gradient anywhere is an O(1e-1..1) error.
-      return {2e-4, 2e-5, "fp32 model vs fp64 reference: accumulated rounding over the layer stack"};
+      // fp32 vs fp64 through the layer stack. Rounding is amplified by LayerNorm over few features in
+      // deep stacks, so the error has a heavy tail: `calibrate_tolerance 8000 fp32` finds the worst
+      // tensor error at median 7.8e-6 but max 2.2e-3 of the tensor's scale (d_model 4..8, 5..8 layers).
+      // With this row (atol in tensor-scale units, scaled_to_tensor) the worst of those 8000 cases uses
+      // 32% of the allowance and the 99th percentile 1.2%; the planted errors in the tests are O(1e-1..1).
+      return {1e-3, 4e-4, "fp32 model vs fp64 reference: rounding over the layer stack, amplified by narrow LayerNorms"};
     // Measured with `calibrate_tolerance 600 <prec>` (CPU, plan none, one step): the worst tensor's
     // error is O(1) of its scale, and the relative L2 error of all gradients together is heavy-tailed.
     // No bound both passes correct runs and catches bugs, so the comparison is reported as not
