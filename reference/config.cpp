@@ -33,6 +33,7 @@ constexpr NameTable<Activation, 4> kAct{{{{Activation::relu, "relu"},
                                           {Activation::gelu_erf, "gelu_erf"},
                                           {Activation::swiglu, "swiglu"}}}};
 constexpr NameTable<LossKind, 2> kLoss{{{{LossKind::cross_entropy, "ce"}, {LossKind::mse, "mse"}}}};
+constexpr NameTable<Tie, 3> kTie{{{{Tie::none, "none"}, {Tie::blocks, "blocks"}, {Tie::head, "head"}}}};
 constexpr NameTable<DropoutSite, 4> kSite{{{{DropoutSite::attn_probs, "attn_probs"},
                                             {DropoutSite::attn_out, "attn_out"},
                                             {DropoutSite::ffn_hidden, "ffn_hidden"},
@@ -42,7 +43,8 @@ constexpr NameTable<DropoutSite, 4> kSite{{{{DropoutSite::attn_probs, "attn_prob
 bool ModelConfig::operator==(const ModelConfig& o) const {
   return layers == o.layers && d_model == o.d_model && heads == o.heads && ffn_mult == o.ffn_mult && vocab == o.vocab &&
          norm == o.norm && placement == o.placement && attention == o.attention && causal == o.causal &&
-         activation == o.activation && loss == o.loss;
+         activation == o.activation && loss == o.loss && tie == o.tie && key_padding == o.key_padding &&
+         aux_weight == o.aux_weight;
 }
 
 std::string_view to_string(NormKind v) {
@@ -56,6 +58,9 @@ std::string_view to_string(Activation v) {
 }
 std::string_view to_string(LossKind v) {
   return kLoss.name(v);
+}
+std::string_view to_string(Tie v) {
+  return kTie.name(v);
 }
 std::string_view to_string(DropoutSite v) {
   return kSite.name(v);
@@ -71,6 +76,9 @@ bool parse_enum(std::string_view s, Activation& out) {
 }
 bool parse_enum(std::string_view s, LossKind& out) {
   return kLoss.parse(s, out);
+}
+bool parse_enum(std::string_view s, Tie& out) {
+  return kTie.parse(s, out);
 }
 bool parse_enum(std::string_view s, DropoutSite& out) {
   return kSite.parse(s, out);
@@ -90,6 +98,10 @@ std::string allowed_names<Activation>() {
 template <>
 std::string allowed_names<LossKind>() {
   return kLoss.allowed();
+}
+template <>
+std::string allowed_names<Tie>() {
+  return kTie.allowed();
 }
 template <>
 std::string allowed_names<DropoutSite>() {

@@ -15,6 +15,11 @@ enum class NormKind { layer, rms };
 enum class NormPlacement { pre, post };
 enum class Activation { relu, gelu_tanh, gelu_erf, swiglu };
 enum class LossKind { cross_entropy, mse };
+// Weight tying. blocks: every block uses layer 0's parameters (ALBERT-style), so one parameter is read
+// by several layers and, under most plans, both inside and outside checkpointed segments. head: the
+// head weight (vocab, d_model) is also the input projection, x (B,T,vocab) -> x @ head.weight (B,T,D),
+// which runs at the start of the first segment (GPT-2's tied embedding, made differentiable).
+enum class Tie { none, blocks, head };
 
 // The dropout sites of one block, in forward order. The reference never draws masks; the caller
 // passes the mask drawn at each site (verifier/dropout_tap.hpp records them on the LibTorch side).
@@ -35,20 +40,35 @@ struct ModelConfig {
   bool causal = true;
   Activation activation = Activation::gelu_tanh;
   LossKind loss = LossKind::cross_entropy;
+  Tie tie = Tie::none;
+  // Batch element b attends only to its first key_length(b, T) keys (a key padding mask).
+  bool key_padding = false;
+  // Auxiliary loss: aux_weight * mean(y^2) of every block output y, added to the loss (0: none).
+  double aux_weight = 0.0;
 
   int head_dim() const { return d_model / heads; }
   int d_ff() const { return ffn_mult * d_model; }
+  // Width of the block-stack input x: d_model, or vocab when the head is tied to the input projection.
+  int input_width() const { return tie == Tie::head ? vocab : d_model; }
+  // The layer whose parameters block `layer` uses.
+  int param_layer(int layer) const { return tie == Tie::blocks ? 0 : layer; }
   bool operator==(const ModelConfig& o) const;
   bool operator!=(const ModelConfig& o) const { return !(*this == o); }
 };
 
 inline constexpr double kNormEps = 1e-5;
 
+// Keys visible to batch element b of a sequence of length T under key padding (at least one).
+inline int key_length(int b, int T) {
+  return T - b > 1 ? T - b : 1;
+}
+
 // Enum names: the only spelling used in Case lines, JSON and error messages.
 std::string_view to_string(NormKind v);
 std::string_view to_string(NormPlacement v);
 std::string_view to_string(Activation v);
 std::string_view to_string(LossKind v);
+std::string_view to_string(Tie v);
 std::string_view to_string(DropoutSite v);
 
 // Parsing returns false on an unknown name; `allowed` lists the valid names ("a|b|c").
@@ -56,6 +76,7 @@ bool parse_enum(std::string_view s, NormKind& out);
 bool parse_enum(std::string_view s, NormPlacement& out);
 bool parse_enum(std::string_view s, Activation& out);
 bool parse_enum(std::string_view s, LossKind& out);
+bool parse_enum(std::string_view s, Tie& out);
 bool parse_enum(std::string_view s, DropoutSite& out);
 template <class E>
 std::string allowed_names();

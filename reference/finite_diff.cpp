@@ -45,7 +45,7 @@ std::string FdReport::describe() const {
 }
 
 FdReport finite_difference_check(const ModelConfig& cfg, const ParamSet& params, const CaseData& data,
-                                 const DropoutMasks& masks, const ReferenceFaults& faults, double step) {
+                                 const DropoutMasks& masks, const ReferenceOptions& faults, double step) {
   const ReferenceResult an = reference_forward_backward(cfg, params, data, masks, faults);
   double largest = 0.0;
   for (const auto& g : an.grads.items)

@@ -31,6 +31,6 @@ struct FdReport {
 };
 
 FdReport finite_difference_check(const ModelConfig& cfg, const ParamSet& params, const CaseData& data,
-                                 const DropoutMasks& masks, const ReferenceFaults& faults = {}, double step = 1e-5);
+                                 const DropoutMasks& masks, const ReferenceOptions& options = {}, double step = 1e-5);
 
 }  // namespace ckv

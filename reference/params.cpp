@@ -71,7 +71,7 @@ double to_float_precision(double v) {
 
 ParamSet param_layout(const ModelConfig& c) {
   ParamSet p;
-  for (int l = 0; l < c.layers; ++l) {
+  for (int l = 0; l < (c.tie == Tie::blocks ? 1 : c.layers); ++l) {
     const std::string L = "layer" + std::to_string(l);
     if (c.attention) {
       add_norm(p, c, L + ".norm1");
@@ -85,6 +85,32 @@ ParamSet param_layout(const ModelConfig& c) {
   add_norm(p, c, "norm_f");
   add_linear(p, "head", c.vocab, c.d_model);
   return p;
+}
+
+std::vector<std::string> part_param_names(const ModelConfig& c, ModelPart part, int layer) {
+  std::vector<std::string> out;
+  const ParamSet layout = param_layout(c);
+  auto with_prefix = [&](const std::vector<std::string>& prefixes) {
+    for (const auto& a : layout.items)
+      for (const auto& pre : prefixes)
+        if (a.name.rfind(pre, 0) == 0) out.push_back(a.name);
+  };
+  const std::string L = "layer" + std::to_string(c.param_layer(layer)) + ".";
+  switch (part) {
+    case ModelPart::block_attn:
+      if (c.attention) with_prefix({L + "norm1.", L + "attn."});
+      break;
+    case ModelPart::block_ffn:
+      with_prefix({L + "norm2.", L + "ffn."});
+      break;
+    case ModelPart::input_projection:
+      if (c.tie == Tie::head) out.push_back("head.weight");
+      break;
+    case ModelPart::head:
+      with_prefix({"norm_f.", "head."});
+      break;
+  }
+  return out;
 }
 
 ParamSet make_params(const ModelConfig& c, uint64_t seed) {
@@ -115,18 +141,20 @@ ParamSet zeros_like(const ParamSet& src) {
   return p;
 }
 
-CaseData make_case_data(const ModelConfig& c, int batch, int seq, uint64_t seed) {
+CaseData make_case_data(const ModelConfig& c, int batch, int seq, uint64_t seed, int micro) {
   CaseData d;
   d.batch = batch;
   d.seq = seq;
   const size_t bt = static_cast<size_t>(batch) * static_cast<size_t>(seq);
-  SplitMix64 rx(stream_seed(seed, "input.x"));
-  d.x.resize(bt * static_cast<size_t>(c.d_model));
+  // Micro-batch 0 keeps the stream names it always had, so single-batch Cases replay as before.
+  const std::string m = micro == 0 ? "" : ".micro" + std::to_string(micro);
+  SplitMix64 rx(stream_seed(seed, "input.x" + m));
+  d.x.resize(bt * static_cast<size_t>(c.input_width()));
   for (auto& v : d.x) v = to_float_precision(rx.normal());
-  SplitMix64 rt(stream_seed(seed, "input.targets"));
+  SplitMix64 rt(stream_seed(seed, "input.targets" + m));
   d.targets.resize(bt);
   for (auto& t : d.targets) t = static_cast<int64_t>(rt.next() % static_cast<uint64_t>(c.vocab));
-  SplitMix64 ry(stream_seed(seed, "input.y"));
+  SplitMix64 ry(stream_seed(seed, "input.y" + m));
   d.y.resize(bt * static_cast<size_t>(c.vocab));
   for (auto& v : d.y) v = to_float_precision(ry.normal());
   return d;

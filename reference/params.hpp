@@ -20,6 +20,8 @@ struct NamedArray {
   std::vector<int64_t> shape;  // torch layout: Linear weights are (out, in)
   std::vector<double> data;    // row-major
   int64_t numel() const { return static_cast<int64_t>(data.size()); }
+  bool operator==(const NamedArray& o) const { return name == o.name && shape == o.shape && data == o.data; }
+  bool operator!=(const NamedArray& o) const { return !(*this == o); }
 };
 
 // Ordered parameter list; the order is the model's registration order and never changes for a config.
@@ -33,19 +35,26 @@ class ParamSet {
   double* ptr(const std::string& name) { return at(name).data.data(); }
 };
 
-// The parameter names and shapes of a config, in registration order (values zero).
+// The parameter names and shapes of a config, in registration order (values zero). With tie=blocks
+// only layer 0's block parameters exist; every block reads them.
 ParamSet param_layout(const ModelConfig& cfg);
+// The one place that says which parameters each part of the model reads (names as in the layout):
+// the attention half of block `layer` (norm1, attn.*), its FFN half (norm2, ffn.*), the tied input
+// projection (head.weight) and the head (norm_f, head).
+enum class ModelPart { block_attn, block_ffn, input_projection, head };
+std::vector<std::string> part_param_names(const ModelConfig& cfg, ModelPart part, int layer = 0);
 // Parameters born from the seed (fp32-representable fp64 values).
 ParamSet make_params(const ModelConfig& cfg, uint64_t seed);
 ParamSet zeros_like(const ParamSet& p);
 
 struct CaseData {
   int batch = 0, seq = 0;
-  std::vector<double> x;         // (B,T,D) block-stack input, fp32-representable
+  std::vector<double> x;         // (B,T,input_width) block-stack input, fp32-representable
   std::vector<int64_t> targets;  // (B,T) class ids in [0,vocab), used by cross-entropy
   std::vector<double> y;         // (B,T,V) regression targets, used by MSE
 };
-CaseData make_case_data(const ModelConfig& cfg, int batch, int seq, uint64_t seed);
+// The data of micro-batch `micro` (each micro-batch has its own inputs and targets).
+CaseData make_case_data(const ModelConfig& cfg, int batch, int seq, uint64_t seed, int micro = 0);
 
 // Deterministic generator used for every birth: splitmix64 with a Box-Muller normal. Spelled out
 // here (not std::normal_distribution) because the standard leaves distributions implementation-

@@ -1,14 +1,20 @@
-// reference/transformer.hpp: the independent fp64 CPU reference. A Transformer block stack, final
-// norm, linear head and loss, with forward and hand-written backward per layer in llm.c style
+// reference/transformer.hpp: the independent CPU reference. A Transformer block stack, final norm,
+// linear head and loss, with forward and hand-written backward per layer in llm.c style
 // (transformer.cpp). It never draws randomness: the caller passes every dropout mask, so the
 // reference replays exactly the function LibTorch computed in its first forward (DESIGN.md, "Dropout
-// sites are instrumented").
+// sites are instrumented"). It evaluates in fp64 (the oracle) or, with the same code, in fp32: the
+// fp32 evaluation measures how much fp32 rounding alone moves *this* Case's gradients, which is what
+// the grad-reference tolerance is built from (properties/tolerance.hpp).
 //
+// Input:  x (B,T,D), or with tie=head x (B,T,V) and h0 = x @ head.weight (the tied input projection).
 // Block (pre-LN):  h = x + drop_ao(Attn(N1(x)));   y = h + drop_fo(FFN(N2(h)))
 // Block (post-LN): h = N1(x + drop_ao(Attn(x)));   y = N2(h + drop_fo(FFN(h)))
-// Attn: per head softmax(q k^T / sqrt(hs) [causal]) with drop_ap on the probabilities, then wo.
+// Attn: per head softmax(q k^T / sqrt(hs) [causal] [key padding]) with drop_ap on the probabilities,
+//       then wo. Key padding: batch element b sees keys j < key_length(b, T) only.
 // FFN:  fc2(drop_fh(act(fc1(u))))  or, for SwiGLU, fc2(drop_fh(silu(gate(u)) * fc1(u))).
 // Dropout at rate p: out = in * mask * (1 / (1 - p)), mask in {0,1}.
+// Loss:  head loss (cross-entropy or MSE, mean) + sum over blocks of aux_weight * mean(y^2), all times
+//        loss_scale (1/M for M accumulated micro-batches).
 #pragma once
 
 #include <array>
@@ -23,10 +29,16 @@ namespace ckv {
 // ffn_out (B,T,D).
 std::vector<int64_t> dropout_site_shape(const ModelConfig& c, int batch, int seq, DropoutSite s);
 
+// The discrete decisions of the forward being replayed: which elements each dropout site kept, and on
+// which side of ReLU's kink each FFN pre-activation fell. ReLU's derivative jumps at 0, so where fp32 and
+// fp64 put a pre-activation within rounding of 0 on different sides, the gradients differ by a whole
+// term; replaying LibTorch's side (as the masks are replayed) keeps the comparison about arithmetic.
 struct DropoutMasks {
   std::array<double, kNumDropoutSites> p{};  // rate per site
   // masks[layer][site]: 0/1 values in the site's shape; empty means identity (no dropout there).
   std::vector<std::array<std::vector<double>, kNumDropoutSites>> masks;
+  // relu[layer]: (B,T,Dff) 1 where fc1's output was positive; empty: decided from the value itself.
+  std::vector<std::vector<double>> relu;
   static DropoutMasks none(int layers);
 };
 
@@ -40,19 +52,26 @@ struct ReferenceFaults {
   bool causal_mask_off_by_one = false;          // forward: position t also sees t+1
 };
 
+enum class RefScalar { fp64, fp32 };
+struct ReferenceOptions {
+  ReferenceFaults faults;
+  RefScalar scalar = RefScalar::fp64;
+  double loss_scale = 1.0;
+};
+
 struct ReferenceResult {
   double loss = 0.0;
   ParamSet grads;                              // same names and shapes as the parameters
-  std::vector<double> dx;                      // (B,T,D) gradient of the loss w.r.t. x
+  std::vector<double> dx;                      // (B,T,input_width) gradient of the loss w.r.t. x
   std::vector<double> logits;                  // (B,T,V)
   std::vector<std::vector<double>> layer_out;  // per layer, (B,T,D) block outputs
 };
 
 // Forward only (for finite differences).
 double reference_loss(const ModelConfig& cfg, const ParamSet& params, const CaseData& data, const DropoutMasks& masks,
-                      const ReferenceFaults& faults = {});
+                      const ReferenceOptions& options = {});
 // Forward and backward.
 ReferenceResult reference_forward_backward(const ModelConfig& cfg, const ParamSet& params, const CaseData& data,
-                                           const DropoutMasks& masks, const ReferenceFaults& faults = {});
+                                           const DropoutMasks& masks, const ReferenceOptions& options = {});
 
 }  // namespace ckv

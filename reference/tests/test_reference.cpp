@@ -80,6 +80,83 @@ INSTANTIATE_TEST_SUITE_P(AllBlockOptions, FiniteDifference,
                                             ::testing::Values(LossKind::cross_entropy, LossKind::mse)),
                          option_name);
 
+// ---- the model features the Case dimensions need: tied weights, key padding, auxiliary loss ----
+struct Feature {
+  const char* label;
+  Tie tie;
+  bool padding;
+  double aux;
+  NormPlacement placement;
+};
+class FeatureFiniteDifference : public ::testing::TestWithParam<Feature> {};
+TEST_P(FeatureFiniteDifference, EveryGradientMatchesCentralDifferences) {
+  ModelConfig c = small_config();
+  c.layers = 3;
+  c.tie = GetParam().tie;
+  c.key_padding = GetParam().padding;
+  c.aux_weight = GetParam().aux;
+  c.placement = GetParam().placement;
+  const Fixture f = make_fixture(c);
+  const FdReport r = finite_difference_check(c, f.params, f.data, f.masks, ReferenceOptions{{}, RefScalar::fp64, 0.5});
+  ASSERT_EQ(r.tensors.size(), f.params.items.size() + 1);
+  EXPECT_LE(r.worst().rel_err, kFdThreshold) << r.describe();
+}
+INSTANTIATE_TEST_SUITE_P(Features, FeatureFiniteDifference,
+                         ::testing::Values(Feature{"tie_blocks", Tie::blocks, false, 0.0, NormPlacement::pre},
+                                           Feature{"tie_head", Tie::head, false, 0.0, NormPlacement::post},
+                                           Feature{"padding_aux", Tie::none, true, 0.05, NormPlacement::pre},
+                                           Feature{"all", Tie::head, true, 0.01, NormPlacement::post}),
+                         [](const auto& info) { return std::string(info.param.label); });
+
+TEST(Features, TiedBlocksShareOneParameterSet) {
+  ModelConfig c = small_config();
+  c.layers = 4;
+  c.tie = Tie::blocks;
+  int block_params = 0;
+  for (const auto& a : param_layout(c).items) {
+    EXPECT_EQ(a.name.rfind("layer1", 0), std::string::npos) << a.name;
+    block_params += a.name.rfind("layer0.", 0) == 0;
+  }
+  EXPECT_GT(block_params, 0);
+  EXPECT_EQ(part_param_names(c, ModelPart::block_ffn, 3), part_param_names(c, ModelPart::block_ffn, 0));
+}
+
+TEST(Features, PaddedKeysDoNotReachAnyQuery) {
+  ModelConfig c = small_config();
+  c.key_padding = true;
+  c.causal = false;
+  Fixture f = make_fixture(c, 0.0);
+  const auto base = reference_forward_backward(c, f.params, f.data, f.masks);
+  const int T = f.data.seq, D = c.d_model, b = 1;  // batch element 1 sees keys < T-1: position T-1 is padding
+  ASSERT_EQ(key_length(b, T), T - 1);
+  for (int k = 0; k < D; ++k) f.data.x[static_cast<size_t>((b * T + T - 1) * D + k)] += 0.5 * (k % 3 - 1.0);
+  const auto moved = reference_forward_backward(c, f.params, f.data, f.masks);
+  // Layer 0's outputs at the other positions of batch element 1 cannot see the padded key.
+  for (int t = 0; t < T - 1; ++t)
+    for (int k = 0; k < D; ++k) {
+      const size_t i = static_cast<size_t>((b * T + t) * D + k);
+      EXPECT_EQ(moved.layer_out[0][i], base.layer_out[0][i]) << "t=" << t;
+    }
+}
+
+TEST(Features, Fp32EvaluationIsCloseToFp64) {
+  ModelConfig c = small_config();
+  c.aux_weight = 0.01;
+  c.key_padding = true;
+  const Fixture f = make_fixture(c);
+  const auto e = reference_forward_backward(c, f.params, f.data, f.masks);
+  const auto a = reference_forward_backward(c, f.params, f.data, f.masks, ReferenceOptions{{}, RefScalar::fp32, 1.0});
+  EXPECT_NEAR(a.loss, e.loss, 1e-5 * std::abs(e.loss));
+  bool differs = a.loss != e.loss;
+  for (size_t k = 0; k < e.grads.items.size(); ++k)
+    for (size_t i = 0; i < e.grads.items[k].data.size(); ++i) {
+      const double ev = e.grads.items[k].data[i], av = a.grads.items[k].data[i];
+      EXPECT_NEAR(av, ev, 1e-4 * (1.0 + std::abs(ev))) << e.grads.items[k].name;
+      differs |= av != ev;
+    }
+  EXPECT_TRUE(differs) << "the fp32 evaluation must round like fp32, not be a copy of the fp64 one";
+}
+
 // ---- planted errors: the self-check must fail, and name the right tensors ----
 struct Planted {
   const char* label;
@@ -90,7 +167,7 @@ class PlantedBackwardError : public ::testing::TestWithParam<Planted> {};
 
 TEST_P(PlantedBackwardError, IsCaughtByFiniteDifferences) {
   const Fixture f = make_fixture(small_config());
-  const FdReport r = finite_difference_check(f.cfg, f.params, f.data, f.masks, GetParam().faults);
+  const FdReport r = finite_difference_check(f.cfg, f.params, f.data, f.masks, ReferenceOptions{GetParam().faults});
   bool found = false;
   for (const auto& t : r.tensors)
     if (t.name == GetParam().tensor_that_must_fail) {
@@ -121,12 +198,12 @@ double max_change_before_last_position(const ReferenceFaults& faults) {
   ModelConfig c = small_config();
   c.causal = true;
   Fixture f = make_fixture(c, 0.0);
-  const auto base = reference_forward_backward(c, f.params, f.data, f.masks, faults);
+  const auto base = reference_forward_backward(c, f.params, f.data, f.masks, ReferenceOptions{faults});
   const int T = f.data.seq, D = c.d_model;
   for (int b = 0; b < f.data.batch; ++b)
     for (int k = 0; k < D; ++k)  // not a constant shift: LayerNorm would hide that
       f.data.x[static_cast<size_t>((b * T + T - 1) * D + k)] += 0.5 * (k % 3 - 1.0);
-  const auto moved = reference_forward_backward(c, f.params, f.data, f.masks, faults);
+  const auto moved = reference_forward_backward(c, f.params, f.data, f.masks, ReferenceOptions{faults});
   double worst = 0.0;
   for (int b = 0; b < f.data.batch; ++b)
     for (int t = 0; t < T - 1; ++t)
