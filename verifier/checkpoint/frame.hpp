@@ -1,0 +1,97 @@
+// verifier/checkpoint/frame.hpp: the machinery of checkpoint() (checkpoint.hpp), one RecomputeFrame
+// per checkpointed call. Its steps are virtual so that ckverify's fault injectors
+// (verifier/impls/faults/) can each break exactly one of them in a file of their own; the library's
+// users call checkpoint() and never need this header.
+//
+// Life of a frame: run_forward() captures the RNG and autocast state and runs fn with pack hooks
+// installed; every tensor autograd saves is recorded by pack() (metadata and version counter only).
+// In backward, the first unpack() of a saved tensor calls recompute(): check_unchanged(), then fn
+// again from the same args under the forward's RNG and autocast state, with hooks that collect the
+// tensors the recompute saves; unpack() hands each one out once and forgets it.
+#pragma once
+
+#include <torch/csrc/autograd/variable.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "verifier/checkpoint/checkpoint.hpp"
+#include "verifier/checkpoint/compat.hpp"
+#include "verifier/checkpoint/rng.hpp"
+
+namespace ckv::checkpoint_detail {
+
+class RecomputeFrame : public std::enable_shared_from_this<RecomputeFrame> {
+ public:
+  RecomputeFrame(SegmentFunction fn, std::vector<c10::IValue> args, CheckpointOptions options);
+  virtual ~RecomputeFrame() = default;
+
+  // The first forward: fn(args) with the frame's pack hooks installed. Call on a shared_ptr.
+  std::vector<torch::Tensor> run_forward();
+  // Hook entry points (SavedVariableHooks of the forward's saved tensors).
+  size_t pack(const torch::Tensor& t);
+  virtual torch::Tensor unpack(size_t index);
+
+ protected:
+  struct Saved {
+    std::vector<int64_t> sizes;
+    c10::ScalarType dtype;
+    c10::Device device = c10::Device(c10::kCPU);
+    c10::VariableVersion version{c10::VariableVersion::DISABLED};
+    uint32_t saved_version = 0;
+    std::string what;  // "input 0", "a view of input 0", "a parameter of shape [4, 4]", ...
+  };
+  // Captures what the recompute replays (RNG, autocast); called before fn runs.
+  virtual void capture_state();
+  // Throws CheckpointError when an input or a saved tensor changed in place since the forward.
+  virtual void check_unchanged() const;
+  // Runs fn again under the forward's state and collects the tensors it saves.
+  virtual void recompute();
+  // Puts the forward's generators back for the recompute (all devices).
+  virtual void replay_rng() const;
+  // The autocast state the recompute runs under.
+  virtual compat::AutocastState recompute_autocast() const { return forward_autocast_; }
+  // fn(args) with hooks that store every saved tensor into recomputed_.
+  void run_fn_collecting();
+
+  SegmentFunction fn_;
+  std::vector<c10::IValue> args_;
+  CheckpointOptions options_;
+  RngState forward_rng_;
+  compat::AutocastState forward_autocast_;
+  std::vector<Saved> saved_;
+  std::vector<std::pair<size_t, c10::VariableVersion>> arg_versions_;  // (arg index, counter)
+  std::vector<uint32_t> arg_saved_versions_;
+  std::vector<torch::Tensor> recomputed_;
+  std::mutex mutex_;
+};
+
+// Saves a frame's tensors through its pack/unpack.
+std::unique_ptr<torch::autograd::SavedVariableHooks> forward_hooks(const std::shared_ptr<RecomputeFrame>& frame);
+
+// checkpoint() with a frame of the caller's type (the builtin uses RecomputeFrame itself).
+template <class Frame, class... Extra>
+std::vector<torch::Tensor> checkpoint_with(const SegmentFunction& fn, std::vector<c10::IValue> args,
+                                           CheckpointOptions options, Extra&&... extra) {
+  if (!torch::GradMode::is_enabled()) return fn(args);
+  auto frame = std::make_shared<Frame>(fn, std::move(args), options, std::forward<Extra>(extra)...);
+  return frame->run_forward();
+}
+
+// Restores RNG (when captured), autocast and grad mode on scope exit, exceptions included.
+class GlobalStateGuard {
+ public:
+  explicit GlobalStateGuard(bool rng);
+  ~GlobalStateGuard();
+  GlobalStateGuard(const GlobalStateGuard&) = delete;
+  GlobalStateGuard& operator=(const GlobalStateGuard&) = delete;
+
+ private:
+  RngState rng_;
+  compat::AutocastState autocast_;
+  bool grad_;
+};
+
+}  // namespace ckv::checkpoint_detail

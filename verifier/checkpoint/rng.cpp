@@ -1,0 +1,53 @@
+// verifier/checkpoint/rng.cpp: see rng.hpp.
+#include "verifier/checkpoint/rng.hpp"
+
+#include <torch/cuda.h>
+
+#include "verifier/checkpoint/compat.hpp"
+
+namespace ckv {
+namespace {
+torch::Tensor state_of(const torch::Device& d) {
+  at::Generator g = compat::default_generator(d);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+void set_state_of(const torch::Device& d, const torch::Tensor& s) {
+  at::Generator g = compat::default_generator(d);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(s);
+}
+torch::Device cuda(size_t i) {
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+}
+}  // namespace
+
+RngState RngState::capture() {
+  RngState s;
+  s.cpu_ = state_of(torch::Device(torch::kCPU));
+  const size_t n = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  for (size_t i = 0; i < n; ++i) s.cuda_.push_back(state_of(cuda(i)));
+  return s;
+}
+
+void RngState::restore(bool include_cuda) const {
+  set_state_of(torch::Device(torch::kCPU), cpu_);
+  if (!include_cuda) return;
+  for (size_t i = 0; i < cuda_.size(); ++i) set_state_of(cuda(i), cuda_[i]);
+}
+
+bool RngState::operator==(const RngState& o) const {
+  return differences(o).empty();
+}
+
+std::string RngState::differences(const RngState& o) const {
+  std::string out;
+  auto add = [&](const std::string& d) { out += (out.empty() ? "" : ", ") + d; };
+  if (cpu_.defined() != o.cpu_.defined() || (cpu_.defined() && !torch::equal(cpu_, o.cpu_))) add("cpu");
+  for (size_t i = 0; i < std::max(cuda_.size(), o.cuda_.size()); ++i)
+    if (i >= cuda_.size() || i >= o.cuda_.size() || !torch::equal(cuda_[i], o.cuda_[i]))
+      add("cuda:" + std::to_string(i));
+  return out;
+}
+
+}  // namespace ckv

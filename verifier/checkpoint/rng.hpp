@@ -1,0 +1,31 @@
+// verifier/checkpoint/rng.hpp: the state of every random generator a segment can draw from (the CPU
+// generator and the default generator of each CUDA device), captured and reinstalled as one value.
+// The checkpoint library uses it to replay a segment's random draws in the recompute, and ckverify's
+// run stage uses it to observe whether an implementation left the random stream as it found it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace ckv {
+
+class RngState {
+ public:
+  // Every device, not only those of a segment's inputs: fn may move work to a device of its own
+  // choosing (a CPU input, a CUDA dropout).
+  static RngState capture();
+  // Reinstalls the captured states. `cuda` false reinstalls only the CPU generator.
+  void restore(bool cuda = true) const;
+  bool operator==(const RngState& o) const;
+  bool operator!=(const RngState& o) const { return !(*this == o); }
+  // The devices whose state differs from `o`'s, for example "cpu, cuda:1" (empty when equal).
+  std::string differences(const RngState& o) const;
+  bool empty() const { return !cpu_.defined(); }
+
+ private:
+  torch::Tensor cpu_;
+  std::vector<torch::Tensor> cuda_;  // index = device index
+};
+
+}  // namespace ckv
