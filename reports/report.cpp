@@ -52,16 +52,19 @@ std::string to_console(const Report& r) {
                        f.case_line, f.where, f.detail, f.seed);
     for (const auto& [p, w] : f.also) out += fmt::format("  also:    {} failed at {}\n", p, w);
     if (!f.repro.empty()) out += "  repro:   " + f.repro + "\n";
-    if (f.passing_before >= 0) out += fmt::format("  found after {} passing case(s), then shrunk\n", f.passing_before);
+    if (f.passing_before >= 0)
+      out += fmt::format("  found after {} passing case(s){}\n", f.passing_before,
+                         r.shrink_note.empty() ? "" : ", then " + r.shrink_note);
   } else if (r.command == "repro") {
     for (const auto& p : r.properties)
       out += fmt::format("{}{}: {}\n", p.not_applicable ? "n/a   " : "held  ", p.name, p.detail);
   } else {
     for (const auto& p : r.properties) {
       const int n = applied(r, p);
-      out +=
-          fmt::format("{}{} on {}/{} cases{}\n", n > 0 ? "held  " : "NOT RUN ", p.name, p.held, n,
-                      p.not_applicable ? fmt::format(" (not applicable on {}: autocast cases)", p.not_applicable) : "");
+      out += fmt::format("{}{} on {}/{} cases{}\n", n > 0 ? "held  " : "NOT RUN ", p.name, p.held, n,
+                         p.not_applicable ? fmt::format(" (not applicable on {}, e.g. {})", p.not_applicable,
+                                                        p.not_applicable_why)
+                                          : "");
     }
     if (r.time_budget_hit)
       out += fmt::format("time budget of {} s reached after {} of {} cases\n", r.time_budget_s, r.cases_run,
@@ -84,6 +87,7 @@ std::string to_json(const Report& r) {
                      {"held", !p.failed && applied(r, p) > 0},
                      {"cases_held", p.held},
                      {"not_applicable", p.not_applicable},
+                     {"not_applicable_why", p.not_applicable_why},
                      {"where", p.where},
                      {"detail", p.detail}});
   json j = {{"tool", "ckverify"},

@@ -19,8 +19,8 @@ Report failing() {
   r.seed = 7;
   r.cases_requested = 100;
   r.cases_run = 3;
-  r.properties = {{"rng-replay", 2, 0, true, "step 0 layer0 ffn_hidden call 1", "mask differs <&> \"here\""},
-                  {"grad-reference", 1, 2, false, "", ""}};
+  r.properties = {{"rng-replay", 2, 0, "", true, "step 0 layer0 ffn_hidden call 1", "mask differs <&> \"here\""},
+                  {"grad-reference", 1, 2, "prec=bf16", false, "", ""}};
   Failure f;
   f.property = "rng-replay";
   f.where = "step 0 layer0 ffn_hidden call 1";
@@ -69,7 +69,7 @@ TEST(Report, JunitMarksAPropertyThatNeverAppliedAsSkippedNotPassed) {
   Report r = failing();
   r.failure.reset();
   r.exit_code = 0;
-  r.properties = {{"grad-reference", 0, 3, false, "", ""}};
+  r.properties = {{"grad-reference", 0, 3, "prec=bf16", false, "", ""}};
   const std::string x = to_junit_xml(r);
   EXPECT_NE(x.find("skipped=\"1\""), std::string::npos) << x;
   EXPECT_NE(x.find("<skipped message="), std::string::npos) << x;

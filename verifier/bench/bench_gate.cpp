@@ -1,14 +1,14 @@
 // verifier/bench/bench_gate.cpp: the gate's cost (Google Benchmark, not a timed test).
-//   BM_GateCase     one generated Case through every property (baseline + checkpointed run + fp64
-//                   reference + exception experiment), cycling over the same 64 cases `ckverify check` draws
+//   BM_GateCase     one generated Case through the run stage and every property (baseline and checkpointed
+//                   runs, the two experiments, the fp64 and fp32 references), cycling over 64 generated cases
 //   BM_VerifiedCase / BM_PlainStep  one fixed default-size case: fully verified vs one plain training
 //                   step (forward + backward + SGD, no checkpointing); their ratio is the verification overhead.
 #include <benchmark/benchmark.h>
 #include <rapidcheck.h>
 
 #include "properties/generators.hpp"
-#include "properties/properties.hpp"
-#include "verifier/impls.hpp"
+#include "properties/property.hpp"
+#include "verifier/impls/registry.hpp"
 
 namespace {
 using namespace ckv;
@@ -19,19 +19,19 @@ Case default_case() {
 
 void BM_VerifiedCase(benchmark::State& st) {
   const Case c = default_case();
-  auto impl = make_impl("builtin");
+  auto impl = make_builtin();
   for (auto _ : st) benchmark::DoNotOptimize(check_case(c, *impl));
 }
 void BM_PlainStep(benchmark::State& st) {
   Case c = default_case();
   c.plan = Plan{};
-  for (auto _ : st) benchmark::DoNotOptimize(run_case(c, nullptr));
+  for (auto _ : st) benchmark::DoNotOptimize(train(c, nullptr));
 }
 void BM_GateCase(benchmark::State& st) {
   std::vector<Case> cases;
   const auto gen = gen_case(CaseGenOptions{});
   for (int i = 0; i < 64; ++i) cases.push_back(gen(rc::Random(static_cast<uint64_t>(i) + 1), 100).value());
-  auto impl = make_impl("builtin");
+  auto impl = make_builtin();
   size_t i = 0;
   for (auto _ : st) benchmark::DoNotOptimize(check_case(cases[i++ % cases.size()], *impl));
   st.counters["cases_per_s"] = benchmark::Counter(static_cast<double>(st.iterations()), benchmark::Counter::kIsRate);

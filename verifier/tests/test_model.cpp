@@ -1,11 +1,13 @@
 // verifier/tests/test_model.cpp: the LibTorch model matches the Eigen fp64 reference, given the masks
-// its dropout taps recorded, across block options and both dropout implementations; the comparison
-// catches planted errors; the taps record what they should.
+// its site taps recorded, across block options, the model features the Case dimensions add, both dropout
+// implementations and several steps; grad-reference catches planted reference errors and names them;
+// the taps record what they should.
 #include <gtest/gtest.h>
 
-#include "properties/properties.hpp"
-#include "verifier/model.hpp"
-#include "verifier/runner.hpp"
+#include "properties/property.hpp"
+#include "verifier/impls/registry.hpp"
+#include "verifier/model/model.hpp"
+#include "verifier/run/run.hpp"
 
 namespace ckv {
 namespace {
@@ -24,12 +26,8 @@ Case base_case() {
   return c;
 }
 
-std::string failures(const RunObservation& run, const ReferenceFaults& faults = {}) {
-  std::string out;
-  for (int s = 0; s < static_cast<int>(run.steps.size()); ++s)
-    for (const auto& r : reference_comparisons(run, s, faults))
-      if (!r.ok()) out += "step " + std::to_string(s) + " " + r.message() + "\n";
-  return out;
+Finding reference_finding(const Observations& o) {
+  return grad_reference_property().judge(o);
 }
 
 // Every block option appears in at least one configuration, with and without dropout.
@@ -52,39 +50,51 @@ std::vector<Case> option_cases() {
   lab.model.activation = Activation::relu;
   lab.model.ffn_mult = 4;
   out.push_back(lab);
+  // The features the Case dimensions need.
+  for (const char* extra : {"tie=blocks plan=every2", "tie=head plan=block", "segio=multi plan=seg2 attn=bidir",
+                            "segio=multi plan=attn", "micro=3 sched=ffbb plan=block", "hook=scale plan=block",
+                            "hook=clip micro=2", "freeze=alt plan=block", "freeze=blocks input=frozen plan=block",
+                            "input=frozen tie=head segio=multi plan=ffn"}) {
+    out.push_back(case_from_line(to_line(base_case()) + " " + extra));
+  }
   return out;
 }
 
-TEST(ModelVsReference, Fp32LossAndAllGradientsMatchAcrossBlockOptions) {
+TEST(ModelVsReference, Fp32LossAndAllGradientsMatchAcrossOptionsAndFeatures) {
+  auto builtin = make_builtin();
   for (const Case& c : option_cases()) {
     for (DropoutImpl impl : {DropoutImpl::explicit_mask, DropoutImpl::native}) {
       Case k = c;
       k.dropout_impl = impl;
       k.steps = 2;  // the second step checks the parameters after an SGD step too
-      const RunObservation run = run_case(k, nullptr);
-      EXPECT_EQ(failures(run), "") << to_line(k);
-      EXPECT_TRUE(grad_reference(run).held) << to_line(k);
+      const Observations o = observe(k, *builtin);
+      ASSERT_TRUE(o.test.completed) << o.test.error;
+      const Finding f = reference_finding(o);
+      EXPECT_TRUE(f.applicable && f.held) << to_line(k) << "\n" << f.where << "\n" << f.detail;
     }
   }
 }
 
-TEST(ModelVsReference, ParameterNamesMatchTheReferenceLayout) {
-  const Case c = base_case();
-  DropoutTap tap(c.dropout_impl, c.dropout);
-  TransformerImpl model(c.model, &tap);
-  const ParamSet layout = param_layout(c.model);
-  const auto named = model.named_parameters();
-  ASSERT_EQ(named.size(), layout.items.size());
-  for (const auto& a : layout.items) {
-    ASSERT_TRUE(named.contains(a.name)) << a.name;
-    EXPECT_EQ(named[a.name].sizes().vec(), a.shape) << a.name;
+TEST(ModelVsReference, ParameterNamesMatchTheReferenceLayoutInOrder) {
+  for (const char* extra : {"", "tie=blocks layers=3", "tie=head", "act=swiglu attn=off"}) {
+    const Case c = case_from_line(to_line(base_case()) + " " + extra);
+    SiteTap tap(c.dropout_impl, c.dropout);
+    TransformerImpl model(c.model, &tap);
+    const ParamSet layout = param_layout(c.model);
+    const auto named = model.named_parameters();
+    ASSERT_EQ(named.size(), layout.items.size()) << extra;
+    for (size_t i = 0; i < layout.items.size(); ++i) {
+      EXPECT_EQ(named.pairs()[i].first, layout.items[i].name) << extra;
+      EXPECT_EQ(named.pairs()[i].second.sizes().vec(), layout.items[i].shape) << layout.items[i].name;
+    }
   }
 }
 
-// The comparison must fail on planted errors, and say where.
+// grad-reference must fail on planted reference errors, and say where.
 TEST(ModelVsReference, PlantedReferenceErrorsAreCaughtAndNamed) {
-  const RunObservation run = run_case(base_case(), nullptr);
-  ASSERT_EQ(failures(run), "");
+  auto builtin = make_builtin();
+  const Observations clean = observe(base_case(), *builtin);
+  ASSERT_TRUE(reference_finding(clean).held) << reference_finding(clean).detail;
   struct P {
     ReferenceFaults f;
     const char* expect_in_where;
@@ -98,53 +108,64 @@ TEST(ModelVsReference, PlantedReferenceErrorsAreCaughtAndNamed) {
   for (const P& p : {P{transposed, "step 0 layer1.attn.wo.weight.grad"}, P{scale_fwd, "step 0 loss"},
                      P{scale_bwd, "step 0 layer1.ffn.fc2."}, P{softmax, "step 0 layer1.attn.wk.bias.grad"},
                      P{causal, "step 0 loss"}}) {
-    const Finding f = grad_reference(run, p.f);
+    Observations o = clean;
+    // The planted error is in the reference's code, so both of its evaluations carry it.
+    o.reference.fp64[0] = expected_step(o, 0, RefScalar::fp64, p.f);
+    o.reference.fp32[0] = expected_step(o, 0, RefScalar::fp32, p.f);
+    o.reference.fp32_perturbed[0] = expected_step(o, 0, RefScalar::fp32, p.f, /*perturb=*/true);
+    const Finding f = reference_finding(o);
     EXPECT_FALSE(f.held);
     EXPECT_NE(f.where.find(p.expect_in_where), std::string::npos) << f.where << "\n" << f.detail;
     EXPECT_NE(f.detail.find("Mismatched elements"), std::string::npos) << f.detail;
   }
 }
 
-TEST(DropoutTap, RecordsOneFirstForwardCallPerSiteWithTheSiteShape) {
+TEST(SiteTap, RecordsOneFirstForwardCallPerSiteWithTheSiteShapeAndState) {
   Case c = base_case();
   c.steps = 2;
-  const RunObservation run = run_case(c, nullptr);
-  ASSERT_EQ(run.masks.size(), static_cast<size_t>(2 * c.model.layers * kNumDropoutSites));
+  c.micro = 2;
+  const RunRecord run = train(c, nullptr);
+  ASSERT_TRUE(run.completed) << run.error;
+  ASSERT_EQ(run.sites.size(), static_cast<size_t>(2 * 2 * c.model.layers * kNumDropoutSites));
   int64_t kept = 0, total = 0;
-  for (const MaskRecord& r : run.masks) {
+  for (const SiteCall& r : run.sites) {
     EXPECT_EQ(r.call, 0);
+    EXPECT_EQ(r.phase, 0);
     EXPECT_TRUE(r.grad_enabled);
+    EXPECT_FALSE(r.autocast.cpu_enabled);
     EXPECT_EQ(r.mask.sizes().vec(), dropout_site_shape(c.model, c.batch, c.seq, r.site));
     if (r.site == DropoutSite::ffn_hidden) {
       kept += r.mask.sum().item<int64_t>();
       total += r.mask.numel();
     }
   }
-  // 640 draws at keep probability 0.7: the share is 0.7 +- 0.1 with overwhelming probability; the seed is fixed.
+  // 1280 draws at keep probability 0.7: the share is 0.7 +- 0.1 with overwhelming probability; the seed is fixed.
   EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(total), 0.7, 0.1);
 }
 
-TEST(DropoutTap, NativeMaskRecoveryReproducesTheOutput) {
+TEST(SiteTap, NativeMaskRecoveryReproducesTheOutput) {
   torch::manual_seed(3);
-  DropoutTap tap(DropoutImpl::native, {0.0, 0.0, 0.4, 0.0});
+  SiteTap tap(DropoutImpl::native, {0.0, 0.0, 0.4, 0.0});
   torch::Tensor x = torch::randn({4, 6});
   x.index_put_({0}, 0.0);  // a row of exact zeros: unknown positions
   const torch::Tensor out = tap.apply(x, 0, DropoutSite::ffn_hidden);
-  const MaskRecord& r = tap.records().at(0);
+  const SiteCall& r = tap.calls().at(0);
   ASSERT_TRUE(r.known.defined());
   EXPECT_EQ(r.known.index({0}).sum().item<int64_t>(), 0);
   EXPECT_TRUE(torch::allclose(out, x * r.mask.to(torch::kFloat) / 0.6));
   EXPECT_GT(r.mask.logical_not().sum().item<int64_t>(), 0) << "some positions must have been dropped";
+  tap.apply(x, 0, DropoutSite::attn_out);  // rate 0: recorded without a mask
+  EXPECT_FALSE(tap.calls().at(1).mask.defined());
 }
 
 TEST(Model, RunsAreDeterministicPerSeed) {
   const Case c = base_case();
-  const RunObservation a = run_case(c, nullptr), b = run_case(c, nullptr);
-  EXPECT_EQ(a.steps[0].loss, b.steps[0].loss);
+  const RunRecord a = train(c, nullptr), b = train(c, nullptr);
+  EXPECT_EQ(a.steps[0].losses, b.steps[0].losses);
   EXPECT_EQ(a.steps[0].dx, b.steps[0].dx);
   Case other = c;
   other.seed = 12;
-  EXPECT_NE(run_case(other, nullptr).steps[0].loss, a.steps[0].loss);
+  EXPECT_NE(train(other, nullptr).steps[0].losses, a.steps[0].losses);
 }
 
 }  // namespace

@@ -1,0 +1,34 @@
+// properties/exception_safe.cpp: exception-safe. When a recompute throws (the run stage plants a failure
+// in the first recompute of the last checkpointed segment), the exception reaches the caller of backward
+// and the generators of every device, the autocast state and grad mode are as they were before backward.
+#include <fmt/format.h>
+
+#include "properties/property.hpp"
+
+namespace ckv {
+namespace {
+const char* kName = "exception-safe";
+
+Finding judge(const Observations& o) {
+  const ThrowExperiment& e = o.throw_exp;
+  if (!e.ran) return Finding::not_applicable(kName, e.why_not);
+  const std::string where = fmt::format("step 0 micro 0 segment {} recompute", e.segment);
+  if (!e.threw) return Finding::fail(kName, 0, where, "backward completed although the recompute threw");
+  if (!e.planted_message_seen)
+    return Finding::fail(kName, 0, where, "the planted exception did not reach the caller; got: " + e.message);
+  std::string leaks;
+  if (const std::string d = e.after.rng.differences(e.before.rng); !d.empty()) leaks += " RNG state of " + d + ";";
+  if (e.after.autocast != e.before.autocast) leaks += " autocast state;";
+  if (e.after.grad_enabled != e.before.grad_enabled) leaks += " grad mode;";
+  if (!leaks.empty())
+    return Finding::fail(kName, 0, where, "after a throwing recompute these were not restored:" + leaks);
+  return Finding::pass(kName, "RNG (every device), autocast and grad mode restored after a throwing recompute");
+}
+}  // namespace
+
+Property exception_safe_property() {
+  return {kName, "a recompute that throws propagates, and leaves RNG (every device), autocast and grad mode as they were",
+          judge};
+}
+
+}  // namespace ckv

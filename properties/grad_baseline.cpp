@@ -1,0 +1,126 @@
+// properties/grad_baseline.cpp: grad-baseline. The run under test and the non-checkpointed run of the
+// same Case agree at every step: each micro-batch's loss, whether each parameter received a gradient,
+// how often each parameter's gradient hook ran, every parameter gradient, each micro-batch's x.grad, and
+// the parameters after the optimizer step. Bitwise on CPU, fp32 and autocast alike, except where a
+// gradient's contributions arrive along several paths: a parameter read in several places, and every
+// gradient under a gradient penalty (tolerance.hpp says why). The baseline takes each step
+// from the parameters the run under test reached (run.hpp), so every step is judged on its own.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "properties/compare.hpp"
+#include "properties/property.hpp"
+
+namespace ckv {
+namespace {
+const char* kName = "grad-baseline";
+
+std::vector<std::string> dims_of(const NamedArray& a) {
+  if (a.shape.size() == 2) return {"row", "col"};
+  return {"i"};
+}
+
+// How many units (and the head) read each parameter, in layout order.
+std::vector<int> parameter_uses(const Observations& o) {
+  const ParamSet& layout = o.initial_params;
+  std::vector<int> uses(layout.items.size(), 0);
+  auto count = [&](const std::vector<std::string>& names) {
+    for (const auto& n : names)
+      for (size_t i = 0; i < layout.items.size(); ++i)
+        if (layout.items[i].name == n) ++uses[i];
+  };
+  const auto& m = o.c.model;
+  for (const auto& seg : o.segments)
+    for (const Unit& u : seg.units) {
+      if (u.part == BlockPart::embed) count(part_param_names(m, ModelPart::input_projection));
+      if (u.part == BlockPart::whole || u.part == BlockPart::attn) count(part_param_names(m, ModelPart::block_attn, u.layer));
+      if (u.part == BlockPart::whole || u.part == BlockPart::ffn) count(part_param_names(m, ModelPart::block_ffn, u.layer));
+    }
+  count(part_param_names(m, ModelPart::head));
+  return uses;
+}
+
+Finding judge(const Observations& o) {
+  if (!o.test.completed) return Finding::not_applicable(kName, "the run under test did not complete");
+  const Case& c = o.c;
+  const Tolerance exact = baseline_tolerance(c.precision);
+  // A gradient penalty adds a second backward path (through the first backward's graph) to every
+  // gradient; where paths meet, contributions may be summed in another order by a correct checkpoint.
+  const int paths = c.gp > 0.0 ? 2 : 1;
+  std::vector<int> uses = parameter_uses(o);
+  for (int& u : uses) u *= paths;
+  const auto& names = o.initial_params.items;
+  for (size_t s = 0; s < o.test.steps.size(); ++s) {
+    const StepRecord &b = o.baseline.steps.at(s), &t = o.test.steps.at(s);
+    const int step = static_cast<int>(s);
+    double step_scale = 0.0;  // the largest |gradient| of the step, for the multi-path bound
+    for (size_t k = 0; k < names.size(); ++k)
+      if (b.grad_defined[k])
+        for (double v : b.grads.items[k].data) step_scale = std::max(step_scale, std::abs(v));
+    for (const auto& d : b.dx)
+      for (double v : d) step_scale = std::max(step_scale, std::abs(v));
+    auto failed = [&](const CompareResult& r) {
+      return Finding::fail(kName, step, fmt::format("step {} {}", step, r.view.label), r.message());
+    };
+    for (size_t m = 0; m < t.losses.size(); ++m) {
+      const auto r = compare_values({fmt::format("loss (micro {})", m), {}, {}}, {t.losses[m]}, {b.losses[m]}, exact);
+      if (!r.ok()) return failed(r);
+    }
+    for (size_t k = 0; k < names.size(); ++k)
+      if (t.grad_defined[k] != b.grad_defined[k])
+        return Finding::fail(kName, step, fmt::format("step {} {}.grad", step, names[k].name),
+                             fmt::format("{}.grad is {} with checkpointing but {} without", names[k].name,
+                                         t.grad_defined[k] ? "defined" : "undefined (no gradient)",
+                                         b.grad_defined[k] ? "defined" : "undefined"));
+    for (size_t k = 0; k < names.size(); ++k)
+      if (t.hook_calls[k] != b.hook_calls[k])
+        return Finding::fail(kName, step, fmt::format("step {} {} gradient hook", step, names[k].name),
+                             fmt::format("the gradient hook of {} ran {} time(s) in the step with checkpointing, {} "
+                                         "without (it must run once per backward)",
+                                         names[k].name, t.hook_calls[k], b.hook_calls[k]));
+    // Backward order (head first): the first tensor that differs is where backward first went wrong.
+    for (size_t k = names.size(); k-- > 0;) {
+      if (!b.grad_defined[k]) continue;
+      const auto& g = t.grads.items[k];
+      const auto& e = b.grads.items[k].data;
+      const Tolerance tol = uses[k] > 1 ? shared_gradient_tolerance(c.precision, uses[k], step_scale) : exact;
+      const auto r = compare_values({g.name + ".grad", g.shape, dims_of(g)}, g.data, e, tol);
+      if (!r.ok()) return failed(r);
+    }
+    for (size_t m = 0; m < b.dx.size(); ++m) {
+      if (b.dx[m].empty() && t.dx[m].empty()) continue;
+      const std::string label = fmt::format("x.grad (micro {})", m);
+      if (b.dx[m].size() != t.dx[m].size())
+        return Finding::fail(kName, step, fmt::format("step {} {}", step, label),
+                             fmt::format("{} is {} with checkpointing but {} without", label,
+                                         t.dx[m].empty() ? "undefined" : "defined",
+                                         b.dx[m].empty() ? "undefined" : "defined"));
+      const Tolerance tol = paths > 1 ? shared_gradient_tolerance(c.precision, paths, step_scale) : exact;
+      const auto r =
+          compare_values({label, {c.batch, c.seq, c.model.input_width()}, {"b", "t", "c"}}, t.dx[m], b.dx[m], tol);
+      if (!r.ok()) return failed(r);
+    }
+    for (size_t k = 0; k < names.size(); ++k) {
+      const auto& p = t.params_after.items[k];
+      Tolerance tol = exact;
+      if (uses[k] > 1 && b.grad_defined[k])
+        tol = shared_update_tolerance(shared_gradient_tolerance(c.precision, uses[k], step_scale), c.lr);
+      const auto r =
+          compare_values({p.name + " (after the step)", p.shape, dims_of(p)}, p.data, b.params_after.items[k].data, tol);
+      if (!r.ok()) return failed(r);
+    }
+  }
+  return Finding::pass(kName, fmt::format("{} step(s) equal to the non-checkpointed run", o.test.steps.size()));
+}
+}  // namespace
+
+Property grad_baseline_property() {
+  return {kName,
+          "loss, which parameters get gradients, hook calls, every gradient, x.grad and the parameters after each "
+          "step equal the non-checkpointed run: bitwise on CPU (fp32 and autocast), shared parameters within their "
+          "summation-order bound",
+          judge};
+}
+
+}  // namespace ckv

@@ -1,0 +1,58 @@
+// properties/property.hpp: the property registry (DESIGN.md: "a new check is a new entry in one
+// property registry"). A property is a name, a one-line statement of when it holds, and a judge: a pure
+// function from the run stage's Observations (verifier/run/run.hpp) to a Finding. Everything that lists
+// properties (check, faults, list, the help, the reports, each fault's "killed by") reads properties().
+// The order is the report order, causes first: a recompute that drew another mask or ran under another
+// autocast state also breaks every gradient after it, so the site is named before the consequence.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "verifier/impls/interface.hpp"
+#include "verifier/run/run.hpp"
+
+namespace ckv {
+
+struct Finding {
+  std::string property;
+  bool held = true;
+  bool applicable = true;  // false: the property does not apply to this Case (never counted as held)
+  std::string where;       // failure: the first diverging tensor, site or segment
+  std::string detail;      // failure: the one-line diagnosis; held: a summary; not applicable: the reason
+  int step = -1;
+
+  static Finding pass(const std::string& property, std::string summary);
+  static Finding fail(const std::string& property, int step, std::string where, std::string detail);
+  static Finding not_applicable(const std::string& property, std::string reason);
+  bool failed() const { return applicable && !held; }
+};
+
+struct Property {
+  std::string name;
+  std::string holds_when;  // one line, as the README's table and `ckverify list` print it
+  std::function<Finding(const Observations&)> judge;
+};
+
+const std::vector<Property>& properties();
+const Property* find_property(const std::string& name);
+std::vector<std::string> property_names();
+
+// Every property on one set of observations, in registry order.
+std::vector<Finding> judge_all(const Observations& o);
+// The gate for one Case: observe (run stage), then judge_all. Throws EnvironmentError (the Case cannot
+// run here) and std::runtime_error (the baseline failed: a ckverify bug).
+std::vector<Finding> check_case(const Case& c, CheckpointImpl& impl);
+
+// The properties, one per file (registered in registry.cpp).
+Property rng_replay_property();
+Property autocast_replay_property();
+Property recompute_count_property();
+Property completes_property();
+Property refuses_inplace_property();
+Property exception_safe_property();
+Property grad_baseline_property();
+Property grad_reference_property();
+
+}  // namespace ckv

@@ -1,0 +1,64 @@
+// properties/registry.cpp: the registry and the gate for one Case (see property.hpp).
+#include "properties/property.hpp"
+
+namespace ckv {
+
+Finding Finding::pass(const std::string& property, std::string summary) {
+  Finding f;
+  f.property = property;
+  f.detail = std::move(summary);
+  return f;
+}
+Finding Finding::fail(const std::string& property, int step, std::string where, std::string detail) {
+  Finding f;
+  f.property = property;
+  f.held = false;
+  f.step = step;
+  f.where = std::move(where);
+  f.detail = std::move(detail);
+  return f;
+}
+Finding Finding::not_applicable(const std::string& property, std::string reason) {
+  Finding f;
+  f.property = property;
+  f.applicable = false;
+  f.detail = std::move(reason);
+  return f;
+}
+
+const std::vector<Property>& properties() {
+  static const std::vector<Property> v = {
+      rng_replay_property(),       autocast_replay_property(), recompute_count_property(),
+      completes_property(),        refuses_inplace_property(), exception_safe_property(),
+      grad_baseline_property(),    grad_reference_property(),
+  };
+  return v;
+}
+
+const Property* find_property(const std::string& name) {
+  for (const auto& p : properties())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::vector<std::string> property_names() {
+  std::vector<std::string> out;
+  for (const auto& p : properties()) out.push_back(p.name);
+  return out;
+}
+
+std::vector<Finding> judge_all(const Observations& o) {
+  std::vector<Finding> out;
+  for (const auto& p : properties()) {
+    Finding f = p.judge(o);
+    f.property = p.name;
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+std::vector<Finding> check_case(const Case& c, CheckpointImpl& impl) {
+  return judge_all(observe(c, impl));
+}
+
+}  // namespace ckv

@@ -1,0 +1,62 @@
+// properties/tests/test_compare.cpp: the one comparison function's message and the tolerance table.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "properties/compare.hpp"
+#include "properties/tolerance.hpp"
+
+namespace ckv {
+namespace {
+
+TEST(Compare, MessageNamesIndexValuesAndThreshold) {
+  const TensorView v{"layer1.ffn.fc1.weight.grad", {2, 3}, {"row", "col"}};
+  const CompareResult r = compare_values(v, {1, 2, 3, 4, 5, 6.5}, {1, 2, 3, 4, 5, 6}, {1e-3, 1e-3, "test"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.r.mismatched, 1);
+  const std::string m = r.message();
+  EXPECT_NE(m.find("Mismatched elements: 1 / 6 (16.7%)"), std::string::npos) << m;
+  EXPECT_NE(m.find("at index (row=1, col=2)"), std::string::npos) << m;
+  EXPECT_NE(m.find("actual 6.5, expected 6"), std::string::npos) << m;
+  EXPECT_NE(m.find("|a-e| <= 0.001 + 0.001*|e|"), std::string::npos) << m;
+  EXPECT_TRUE(compare_values(v, {1, 2, 3, 4, 5, 6}, {1, 2, 3, 4, 5, 6}, {0, 0, "bitwise"}).ok());
+  EXPECT_FALSE(compare_values(v, {1, 2, 3, 4, 5, std::nan("")}, {1, 2, 3, 4, 5, 6}, {1, 1, "loose"}).ok());
+  EXPECT_FALSE(compare_values(v, {1, 2, 3, 4, 5, 6 + 1e-15}, {1, 2, 3, 4, 5, 6}, {0, 0, "bitwise"}).ok());
+  EXPECT_FALSE(compare_values(v, {1, 2, 3, 4, 5, -0.0}, {1, 2, 3, 4, 5, 0.0}, {0, 0, "bitwise"}).ok());
+}
+
+TEST(Tolerance, ReferenceBoundFollowsTheFp32EvaluationsOwnError) {
+  const std::vector<double> e64 = {1.0, -2.0, 0.5};
+  const std::vector<double> tight = {1.0 + 1e-7, -2.0, 0.5}, loose = {1.0 + 1e-3, -2.0, 0.5};
+  const StepConditioning ct = step_conditioning({&e64}, {{&tight}}), cl = step_conditioning({&e64}, {{&loose, &tight}});
+  EXPECT_DOUBLE_EQ(cl.model_scale, 2.0);
+  EXPECT_NEAR(cl.spread, 1e-3 / 2.0, 1e-12);
+  const ReferenceBound a = reference_tolerance(e64, {&tight}, ct), b = reference_tolerance(e64, {&tight, &loose}, cl);
+  ASSERT_TRUE(a.checkable && b.checkable);
+  EXPECT_LT(a.tol.atol, b.tol.atol);
+  EXPECT_NEAR(b.tol.atol, kReferenceFactor * 1e-3 + kReferenceFloor * 1.1920929e-7 * 2.0, 1e-9);
+  // A tensor fp32 got right by luck still gets the step's spread.
+  const std::vector<double> other = {0.25, 0.5};
+  const ReferenceBound lucky = reference_tolerance(other, {&other}, cl);
+  EXPECT_NEAR(lucky.tol.atol, kReferenceFactor * cl.spread * 0.5 + kReferenceFloor * 1.1920929e-7 * 2.0, 1e-12);
+  // Far too ill-conditioned: reported as not checkable, never silently passed.
+  const std::vector<double> bad = {1.5, -2.0, 0.5};
+  const ReferenceBound c = reference_tolerance(e64, {&bad}, step_conditioning({&e64}, {{&bad}}));
+  EXPECT_FALSE(c.checkable);
+  EXPECT_NE(c.why_not.find("ill-conditioned"), std::string::npos) << c.why_not;
+  const std::vector<double> inf = {INFINITY, -2.0, 0.5};
+  EXPECT_FALSE(reference_tolerance(e64, {&inf}, ct).checkable);
+}
+
+TEST(Tolerance, SharedParametersGetASummationOrderBoundOnly) {
+  EXPECT_TRUE(baseline_tolerance(Precision::fp32).exact());
+  EXPECT_TRUE(baseline_tolerance(Precision::bf16).exact());
+  const Tolerance f = shared_gradient_tolerance(Precision::fp32, 4, 2.0);
+  const Tolerance b = shared_gradient_tolerance(Precision::bf16, 4, 2.0);
+  EXPECT_NEAR(f.atol, kSharedFactor * 4 * 1.1920929e-7 * 2.0, 1e-12);
+  EXPECT_NEAR(b.atol, kSharedFactor * 4 * 0.0078125 * 2.0, 1e-12);
+  EXPECT_LT(b.atol, 0.5) << "a bound that a real bug (a lost or doubled contribution) still breaks";
+}
+
+}  // namespace
+}  // namespace ckv

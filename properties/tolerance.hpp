@@ -1,0 +1,81 @@
+// properties/tolerance.hpp: the one tolerance table (DESIGN.md, "Tolerances"). Every bound the
+// properties use is made here, as an (rtol, atol) pair with the reason attached; a comparison passes
+// elementwise when |actual - expected| <= atol + rtol * |expected| (compare.hpp).
+//
+//   vs the baseline   bitwise: a correct checkpoint replays the same kernels on the same values (CPU).
+//                     Exception: a gradient whose contributions arrive along several paths (a parameter
+//                     read in several places; every gradient under a gradient penalty, which adds a
+//                     second-order path). Those contributions may legitimately be summed in another order
+//                     (a reentrant checkpoint sums a segment's contributions first) and, under autocast,
+//                     in fp32 where the plain graph sums them in the autocast dtype; so such a gradient is
+//                     compared within paths * eps(accumulation dtype) * kSharedFactor * the step's largest
+//                     |gradient| (the contributions, not their sum, set the rounding: a sum that cancels
+//                     to nearly zero still carries the rounding of its large terms).
+//   vs the reference  conditioned on the Case itself: the reference is evaluated again in fp32 (same
+//                     weights, same masks), once as is and once with its inputs and weights moved by a few
+//                     ulps (run.hpp). Their distance from fp64 (the larger of the two, err32) shows how far
+//                     fp32 rounding moves this step: per tensor, and as the step's spread (the worst
+//                     err32 / scale over the tensors that are not negligible, scale >= 1e-3 of the
+//                     largest). LibTorch may differ from fp64 by kReferenceFactor * max(err32, spread *
+//                     scale) plus a floor of kReferenceFloor fp32 epsilons of the step's largest gradient
+//                     (the rounding noise of an element is relative to the magnitudes summed into it, and in
+//                     backward those are the step's gradients, not the element itself). One fp32
+//                     evaluation can be lucky where LibTorch is not (a near-tie in a saturated softmax goes
+//                     the same way as fp64; a diverged step cancels the same way), hence the perturbed
+//                     evaluation and the step-wide spread. A step whose spread, or a tensor whose own
+//                     err32, exceeds kReferenceCap / kReferenceFactor of its scale is too ill-conditioned
+//                     in fp32 for the check to mean anything: reported as not checked, never as held. So
+//                     is a step after training has diverged: activations kDivergence times those of step
+//                     0 (a learning rate that blows the model up leaves fp32 cancelling what fp64 keeps).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "verifier/case/case.hpp"
+
+namespace ckv {
+
+struct Tolerance {
+  double rtol = 0.0;
+  double atol = 0.0;
+  std::string why;
+  bool exact() const { return rtol == 0.0 && atol == 0.0; }
+};
+
+inline constexpr double kSharedFactor = 2.0;
+inline constexpr double kReferenceFactor = 32.0;
+inline constexpr double kReferenceFloor = 64.0;
+inline constexpr double kReferenceCap = 0.05;
+inline constexpr double kDivergence = 1e4;
+
+// Checkpointed vs non-checkpointed LibTorch, same device and precision.
+Tolerance baseline_tolerance(Precision p);
+// A gradient whose contributions arrive along `uses` paths; `step_scale` is the largest |gradient| of
+// the step's baseline (every parameter and x.grad).
+Tolerance shared_gradient_tolerance(Precision p, int uses, double step_scale);
+// That parameter after an SGD step of rate lr, given the gradient tolerance.
+Tolerance shared_update_tolerance(const Tolerance& gradient, double lr);
+
+// How far fp32 rounding moves one step, from the fp64 and fp32 evaluations of its tensors.
+struct StepConditioning {
+  double model_scale = 0.0;  // the largest finite |fp64| over the step's tensors
+  double spread = 0.0;       // the worst err32 / scale over tensors with scale >= 1e-3 * model_scale
+  std::string worst;         // index of that tensor among those measured, for messages
+};
+// e32[k] lists the fp32 evaluations of tensor k (the plain and the perturbed one).
+using Fp32Evaluations = std::vector<const std::vector<double>*>;
+StepConditioning step_conditioning(const std::vector<const std::vector<double>*>& e64,
+                                   const std::vector<Fp32Evaluations>& e32);
+
+// LibTorch fp32 vs the fp64 reference for one tensor, from the fp32 evaluation `e32` of the same
+// reference and the step's conditioning.
+struct ReferenceBound {
+  Tolerance tol;
+  bool checkable = true;
+  std::string why_not;  // when not checkable
+};
+ReferenceBound reference_tolerance(const std::vector<double>& e64, const Fp32Evaluations& e32,
+                                   const StepConditioning& step);
+
+}  // namespace ckv

@@ -1,0 +1,109 @@
+// verifier/case/case.hpp: the Case, the one value that determines a run (DESIGN.md). It prints as one
+// readable line and round-trips through JSON; everything ckverify does can be replayed from a Case
+// file. One field table (case_fields()) drives the line form, the JSON form, validation, the limits
+// and `ckverify list`: a field is spelled the same way everywhere (the line's key is the JSON key).
+// Invalid cases are rejected with a CaseError whose message is one line naming the field and the
+// allowed values. Torch-free, so tools and tests can use it without LibTorch.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "reference/config.hpp"
+#include "verifier/case/plan.hpp"
+
+namespace ckv {
+
+// How dropout draws its mask: an explicit bernoulli mask from the current generator (ckverify's own
+// instrumented dropout), or LibTorch's native torch::dropout with the mask recovered from its output
+// (see model/site_tap.hpp for the zero-input caveat).
+enum class DropoutImpl { explicit_mask, native };
+// fp32: everything in float32. bf16 / fp16: the forward runs under autocast to that dtype.
+enum class Precision { fp32, bf16, fp16 };
+// Frozen parameters (requires_grad false): none; alt: every other parameter tensor in layout order
+// (LoRA-style partial training, mixed inside every segment); blocks: every block parameter, so only
+// the final norm and the head train.
+enum class Freeze { none, alt, blocks };
+// A gradient hook on every trainable parameter: scale multiplies the gradient by 0.5, clip clamps it
+// to [-0.01, 0.01] (a non-linear transform: applying it per contribution differs from applying it once).
+enum class Hook { none, scale, clip };
+// Micro-batch order within a step: fb = forward, backward per micro-batch; ffbb = every forward first,
+// then the backwards in reverse order (two live forwards of one segment at once).
+enum class Schedule { fb, ffbb };
+// Segment signature: single = fn(h) -> h; multi = fn(h, key_mask, start, stop, aux_weight) ->
+// (h, aux_loss): several tensors in and out and non-tensor arguments (model: key padding, aux loss).
+enum class SegIO { single, multi };
+
+inline constexpr double kAuxWeight = 0.01;  // segio=multi: aux loss weight per block
+inline constexpr double kClipHook = 0.01;   // hook=clip bound
+
+std::string_view to_string(DropoutImpl v);
+std::string_view to_string(Precision v);
+std::string_view to_string(Freeze v);
+std::string_view to_string(Hook v);
+std::string_view to_string(Schedule v);
+std::string_view to_string(SegIO v);
+
+class CaseError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct Case {
+  ModelConfig model;
+  std::array<double, kNumDropoutSites> dropout{};  // rate per site, indexed by DropoutSite
+  DropoutImpl dropout_impl = DropoutImpl::explicit_mask;
+  uint64_t seed = 1;
+  int batch = 2;
+  int seq = 8;
+  int steps = 1;
+  int micro = 1;  // micro-batches accumulated per optimizer step (no zero_grad between them)
+  Schedule sched = Schedule::fb;
+  double lr = 0.05;  // SGD learning rate
+  bool input_frozen = false;  // the block-stack input x does not require grad (frozen embedding)
+  Freeze freeze = Freeze::none;
+  Hook hook = Hook::none;
+  double gp = 0.0;       // gradient penalty gp * |dL/dx|^2 through create_graph (0: none)
+  bool inplace = false;  // also run the in-place experiment (refuses-inplace)
+  Precision precision = Precision::fp32;
+  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
+  Plan plan;
+  std::string impl = "builtin";
+
+  double p(DropoutSite s) const { return dropout[static_cast<size_t>(s)]; }
+  SegIO segio() const { return model.key_padding ? SegIO::multi : SegIO::single; }
+  bool operator==(const Case& o) const;
+  bool operator!=(const Case& o) const { return !(*this == o); }
+};
+
+// One field of the table. `values` is what the help prints ("1..64", "none|alt|blocks").
+struct CaseFieldInfo {
+  std::string key, values, help;
+  bool always_printed;  // printed in every line; the others only when not at their default
+};
+std::vector<CaseFieldInfo> case_field_infos();
+
+// Throws CaseError naming the first invalid field or combination.
+void validate(const Case& c);
+
+// Rough peak memory of running the Case (both LibTorch runs, the experiments and the references), in
+// bytes; check_environment compares it with the machine.
+double estimated_bytes(const Case& c);
+
+// One readable line: "layers=2 d=16 heads=2 ffn=4 vocab=11 norm=layernorm pos=pre attn=causal ...".
+std::string to_line(const Case& c);
+// Parses the line form (any subset of keys, the rest default); throws CaseError.
+Case case_from_line(const std::string& line);
+
+std::string to_json(const Case& c);            // pretty-printed JSON, the line's keys
+Case case_from_json(const std::string& text);  // throws CaseError (malformed JSON included)
+// Reads a Case file: a regular file of at most 1 MiB, JSON nested at most a few levels; throws CaseError.
+Case load_case_file(const std::string& path);
+
+// Messages quote user text through this: one printable line, at most `max` characters.
+std::string sanitize(const std::string& s, size_t max = 80);
+
+}  // namespace ckv

@@ -1,0 +1,61 @@
+// verifier/cli/output.cpp: see output.hpp.
+#include "verifier/cli/output.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "verifier/case/case.hpp"
+
+namespace ckv::cli {
+namespace fs = std::filesystem;
+
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  std::vector<std::pair<std::string, fs::path>> seen;
+  for (const auto& [option, path] : outputs) {
+    if (path.empty()) continue;
+    const std::string shown = option + " " + sanitize(path, 200);
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (S_ISLNK(st.st_mode)) throw UsageError(shown + ": is a symbolic link; give the real path");
+      if (!S_ISREG(st.st_mode)) throw UsageError(shown + ": exists and is not a regular file");
+    }
+    const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " does not exist");
+    if (::access(dir.c_str(), W_OK) != 0) throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " is not writable");
+    const fs::path canon = fs::weakly_canonical(fs::absolute(path), ec);
+    for (const auto& [other, p] : seen)
+      if (p == canon) throw UsageError(shown + ": the same file as " + other);
+    seen.emplace_back(option, canon);
+  }
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  const fs::path target(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::string tmpl = (dir / ".ckverify-XXXXXX").string();
+  const int fd = ::mkstemp(tmpl.data());  // O_CREAT | O_EXCL, mode 0600, unpredictable name
+  if (fd < 0) throw UsageError("cannot write " + sanitize(path, 200) + ": " + std::strerror(errno));
+  size_t done = 0;
+  bool ok = true;
+  while (ok && done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ok && ::fchmod(fd, 0644) == 0;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || ::rename(tmpl.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmpl.c_str());
+    throw UsageError("cannot write " + sanitize(path, 200) + ": " + why);
+  }
+}
+
+}  // namespace ckv::cli

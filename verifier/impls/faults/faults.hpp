@@ -1,0 +1,30 @@
+// verifier/impls/faults/faults.hpp: the fault catalogue, one entry per file in this directory. Each
+// fault is a small implementation behind the public interface that gets one thing wrong, and names the
+// property that must kill it (ckverify faults proves that each one does).
+#pragma once
+
+#include "verifier/impls/registry.hpp"
+
+namespace ckv::faults {
+
+// On ckverify's recompute frame (verifier/checkpoint/frame.hpp), one step broken:
+ImplEntry no_preserve_rng();       // preserve_rng=false
+ImplEntry cpu_rng_only();          // CUDA generators not replayed
+ImplEntry no_autocast_replay();    // recompute under the backward's autocast state
+ImplEntry default_dtype_replay();  // recompute under autocast with the device's default dtype
+ImplEntry recompute_twice();       // recompute runs fn twice
+ImplEntry no_restore_on_throw();   // global state restored only when the recompute succeeds
+ImplEntry no_version_check();      // inputs modified in place are recomputed from silently
+ImplEntry single_recompute();      // a second backward through the segment fails
+ImplEntry per_segment_state();     // RNG state kept per segment, not per call
+// Wrappers around the builtin:
+ImplEntry trains_frozen();          // turns on requires_grad of every declared parameter
+ImplEntry frozen_input_shortcut();  // no tensor input requires grad: runs fn without a graph
+ImplEntry first_output_only();      // only the first output keeps its graph
+// On the reentrant skeleton (reentrant.hpp):
+ImplEntry reentrant_hooks();       // a correct-looking reentrant checkpoint: parameter hooks run twice
+ImplEntry nograd_forward_cache();  // its no-grad forward poisons autocast's cast cache
+ImplEntry inputs_only_grad();      // differentiates only the inputs
+ImplEntry leaf_input_recompute();  // recomputes from detached leaf inputs (the bf16 ulp bug)
+
+}  // namespace ckv::faults

@@ -1,0 +1,107 @@
+// verifier/impls/faults/reentrant.cpp: the reentrant skeleton (reentrant.hpp) and the fault that is
+// the skeleton as it is.
+#include "verifier/impls/faults/reentrant.hpp"
+
+#include "verifier/checkpoint/frame.hpp"
+#include "verifier/impls/faults/faults.hpp"
+
+namespace ckv::faults {
+namespace {
+
+struct State : torch::CustomClassHolder {
+  SegmentFunction fn;
+  std::vector<c10::IValue> args;
+  std::vector<size_t> tensor_slots;  // which args are the Function's tensor inputs, in order
+  ReentrantVariant v;
+  RngState rng;
+  compat::AutocastState autocast;
+};
+
+class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                at::TensorList params, const c10::intrusive_ptr<State>& st) {
+    ctx->saved_data["state"] = c10::IValue::make_capsule(st);
+    ctx->saved_data["inputs"] = static_cast<int64_t>(inputs.size());
+    ctx->save_for_backward(std::vector<torch::Tensor>(params.begin(), params.end()));
+    const bool cache = at::autocast::is_autocast_cache_enabled();
+    if (st->v.guard_cast_cache) at::autocast::set_autocast_cache_enabled(false);
+    struct Restore {
+      bool cache;
+      ~Restore() { at::autocast::set_autocast_cache_enabled(cache); }
+    } restore{cache};
+    return st->fn(st->args);  // grad mode is off here (Function::apply)
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto st = c10::static_intrusive_pointer_cast<State>(ctx->saved_data["state"].toCapsule());
+    const size_t n_inputs = static_cast<size_t>(ctx->saved_data["inputs"].toInt());
+    const std::vector<torch::Tensor> params = ctx->get_saved_variables();
+    const bool create_graph = torch::GradMode::is_enabled();
+    checkpoint_detail::GlobalStateGuard guard(/*rng=*/true);
+    st->rng.restore();
+    compat::ScopedAutocastState autocast(st->autocast);
+    torch::AutoGradMode grad_on(true);
+
+    std::vector<c10::IValue> args = st->args;
+    std::vector<torch::Tensor> inputs;  // what the recompute is differentiated against, per tensor input
+    for (size_t k = 0; k < st->tensor_slots.size(); ++k) {
+      const torch::Tensor& t = st->args[st->tensor_slots[k]].toTensor();
+      torch::Tensor d = t;
+      if (st->v.leaf_inputs) {
+        d = t.detach();
+        if (t.is_floating_point()) d.requires_grad_(t.requires_grad());
+        args[st->tensor_slots[k]] = d;
+      }
+      inputs.push_back(d);
+    }
+    const std::vector<torch::Tensor> outs = st->fn(args);
+
+    std::vector<torch::Tensor> targets, out_sel, grad_sel;
+    std::vector<size_t> slot;
+    for (size_t k = 0; k < inputs.size(); ++k)
+      if (inputs[k].requires_grad()) targets.push_back(inputs[k]), slot.push_back(k);
+    if (st->v.differentiate_params)
+      for (size_t i = 0; i < params.size(); ++i)
+        if (params[i].requires_grad()) targets.push_back(params[i]), slot.push_back(n_inputs + i);
+    for (size_t i = 0; i < outs.size() && i < grad_outputs.size(); ++i)
+      if (outs[i].requires_grad() && grad_outputs[i].defined()) out_sel.push_back(outs[i]), grad_sel.push_back(grad_outputs[i]);
+
+    torch::autograd::variable_list grads(n_inputs + params.size() + 1);  // + the state argument
+    if (!targets.empty() && !out_sel.empty()) {
+      const auto g = torch::autograd::grad(out_sel, targets, grad_sel, /*retain_graph=*/create_graph, create_graph,
+                                           /*allow_unused=*/true);
+      for (size_t k = 0; k < g.size(); ++k) grads[slot[k]] = g[k];
+    }
+    return grads;
+  }
+};
+
+}  // namespace
+
+std::vector<torch::Tensor> ReentrantCheckpoint::run(const SegmentCall& call) {
+  if (!torch::GradMode::is_enabled()) return call.fn(call.args);
+  auto st = c10::make_intrusive<State>();
+  st->fn = call.fn;
+  st->args = call.args;
+  st->v = v_;
+  st->rng = RngState::capture();
+  st->autocast = compat::AutocastState::current();
+  std::vector<torch::Tensor> inputs;
+  for (size_t i = 0; i < call.args.size(); ++i)
+    if (call.args[i].isTensor() && call.args[i].toTensor().defined()) {
+      st->tensor_slots.push_back(i);
+      inputs.push_back(call.args[i].toTensor());
+    }
+  return ReentrantFunction::apply(at::TensorList(inputs), at::TensorList(call.params), st);
+}
+
+ImplEntry reentrant_hooks() {
+  return {{"reentrant-hooks",
+           "a reentrant checkpoint (autograd::grad inside backward): a parameter's gradient hook runs twice",
+           "grad-baseline", "hook=scale or clip"},
+          [] { return std::make_unique<ReentrantCheckpoint>(); }};
+}
+
+}  // namespace ckv::faults

@@ -1,0 +1,38 @@
+// verifier/impls/faults/reentrant.hpp: a reentrant checkpoint, the other design (torch.utils.checkpoint
+// with use_reentrant=True, and what most hand-written C++ checkpoints look like): one custom autograd
+// Function whose forward runs fn under no_grad, and whose backward recomputes fn from the same inputs
+// under the forward's RNG and autocast state and differentiates the recomputed graph with
+// autograd::grad w.r.t. those inputs and the declared parameters (with create_graph when backward has
+// it, so a gradient penalty reaches the inputs' history). It is correct on everything the builtin is
+// except one thing, which makes it a fault of its own: a parameter's gradient hook runs twice, once
+// inside the inner autograd::grad and once when the Function's output gradient reaches the parameter.
+// The variants below each break one more thing.
+#pragma once
+
+#include "verifier/impls/interface.hpp"
+
+namespace ckv::faults {
+
+struct ReentrantVariant {
+  // Disable autocast's cast cache during the no-grad forward. Without it, casts of parameters made under
+  // no_grad are cached without a graph and reused by later (grad-enabled) uses of the same parameter in
+  // the same autocast region, which then get no gradient.
+  bool guard_cast_cache = true;
+  bool differentiate_params = true;  // false: only the inputs get gradients
+  // Recompute from detached copies of the inputs (leaves), as older reentrant checkpoints do: autocast
+  // caches the casts of fp32 leaves that require grad, so the consumers of an input share one cast and
+  // their gradients are summed in the autocast dtype instead of fp32 (and a gradient penalty loses the
+  // inputs' second-order term).
+  bool leaf_inputs = false;
+};
+
+class ReentrantCheckpoint : public CheckpointImpl {
+ public:
+  explicit ReentrantCheckpoint(ReentrantVariant v = {}) : v_(v) {}
+  std::vector<torch::Tensor> run(const SegmentCall& call) override;
+
+ private:
+  ReentrantVariant v_;
+};
+
+}  // namespace ckv::faults

@@ -1,0 +1,37 @@
+// verifier/impls/registry.hpp: the implementations ckverify can check, by name. "builtin" is ckverify's
+// own checkpoint (verifier/checkpoint/); every other name is a fault: a deliberately broken variant,
+// each in its own file under faults/, that some property must kill (DESIGN.md, "Faults").
+// `ckverify check --impl NAME`, `ckverify faults`, `ckverify list` and the tests use this table.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "verifier/impls/interface.hpp"
+
+namespace ckv {
+
+struct ImplInfo {
+  std::string name;
+  std::string what;        // one line: what it does (wrong)
+  std::string killed_by;   // the property that must kill it ("" for builtin)
+  std::string exposed_by;  // the Case condition under which it misbehaves, in words
+  bool needs_cuda = false;  // only observable with a CUDA device
+};
+
+struct ImplEntry {
+  ImplInfo info;
+  std::function<std::unique_ptr<CheckpointImpl>()> make;
+};
+
+const std::vector<ImplEntry>& known_impls();
+const ImplInfo* find_impl(const std::string& name);
+// Throws std::invalid_argument with a one-line message listing the known names.
+std::unique_ptr<CheckpointImpl> make_impl(const std::string& name);
+
+// ckverify's builtin checkpoint behind the interface.
+std::unique_ptr<CheckpointImpl> make_builtin(CheckpointOptions options = {});
+
+}  // namespace ckv

@@ -1,0 +1,199 @@
+// verifier/model/model.cpp: see model.hpp. The equations mirror reference/transformer.hpp line by line.
+#include "verifier/model/model.hpp"
+
+#include <cmath>
+
+namespace ckv {
+
+NormImpl::NormImpl(NormKind kind, int64_t d) : kind_(kind), d_(d) {
+  weight_ = register_parameter("weight", torch::ones({d}));
+  if (kind == NormKind::layer) bias_ = register_parameter("bias", torch::zeros({d}));
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) {
+  if (kind_ == NormKind::layer) return torch::layer_norm(x, {d_}, weight_, bias_, kNormEps);
+  // RMSNorm in fp32 whatever autocast does, as LayerNorm is (autocast runs layer_norm in fp32).
+  const torch::Tensor xf = x.to(torch::kFloat);
+  return xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + kNormEps) * weight_;
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c) : c_(c) {
+  wq_ = register_module("wq", torch::nn::Linear(c.d_model, c.d_model));
+  wk_ = register_module("wk", torch::nn::Linear(c.d_model, c.d_model));
+  wv_ = register_module("wv", torch::nn::Linear(c.d_model, c.d_model));
+  wo_ = register_module("wo", torch::nn::Linear(c.d_model, c.d_model));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& key_valid, SiteTap& tap,
+                                     int layer) {
+  const int64_t B = x.size(0), T = x.size(1), H = c_.heads, hs = c_.head_dim();
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, hs}).transpose(1, 2); };  // (B,H,T,hs)
+  const torch::Tensor q = heads(wq_->forward(x)), k = heads(wk_->forward(x)), v = heads(wv_->forward(x));
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
+  torch::Tensor blocked;  // (T,T) or (B,1,T,T), true where a query must not see a key
+  if (c_.causal) blocked = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+  if (key_valid.defined()) {
+    const torch::Tensor padded = key_valid.logical_not().view({B, 1, 1, T});
+    blocked = blocked.defined() ? (blocked | padded) : padded;
+  }
+  if (blocked.defined()) scores = scores.masked_fill(blocked, -std::numeric_limits<double>::infinity());
+  torch::Tensor probs = torch::softmax(scores, -1);
+  probs = tap.apply(probs, layer, DropoutSite::attn_probs);
+  const torch::Tensor ctx =
+      torch::matmul(probs.to(v.scalar_type()), v).transpose(1, 2).contiguous().view({B, T, c_.d_model});
+  return wo_->forward(ctx);
+}
+
+FeedForwardImpl::FeedForwardImpl(const ModelConfig& c) : c_(c) {
+  fc1_ = register_module("fc1", torch::nn::Linear(c.d_model, c.d_ff()));
+  if (c.activation == Activation::swiglu) gate_ = register_module("gate", torch::nn::Linear(c.d_model, c.d_ff()));
+  fc2_ = register_module("fc2", torch::nn::Linear(c.d_ff(), c.d_model));
+}
+
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x, SiteTap& tap, int layer) {
+  const torch::Tensor z1 = fc1_->forward(x);
+  torch::Tensor a;
+  switch (c_.activation) {
+    case Activation::relu:
+      a = tap.relu(z1, layer);
+      break;
+    case Activation::gelu_tanh:
+      a = torch::gelu(z1, "tanh");
+      break;
+    case Activation::gelu_erf:
+      a = torch::gelu(z1, "none");
+      break;
+    case Activation::swiglu:
+      a = torch::silu(gate_->forward(x)) * z1;
+      break;
+  }
+  a = tap.apply(a, layer, DropoutSite::ffn_hidden);
+  return fc2_->forward(a);
+}
+
+TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap) : c_(c), tap_(tap) {
+  for (int l = 0; l < c.layers; ++l) {
+    if (c.param_layer(l) != l) {  // tied: layer 0's modules, registered once
+      blocks_.push_back(blocks_.front());
+      continue;
+    }
+    auto sub = register_module("layer" + std::to_string(l), std::make_shared<torch::nn::Module>());
+    BlockModules b;
+    if (c.attention) {
+      b.norm1 = sub->register_module("norm1", std::make_shared<NormImpl>(c.norm, c.d_model));
+      b.attn = sub->register_module("attn", std::make_shared<AttentionImpl>(c));
+    }
+    b.norm2 = sub->register_module("norm2", std::make_shared<NormImpl>(c.norm, c.d_model));
+    b.ffn = sub->register_module("ffn", std::make_shared<FeedForwardImpl>(c));
+    blocks_.push_back(b);
+  }
+  norm_f_ = register_module("norm_f", std::make_shared<NormImpl>(c.norm, c.d_model));
+  head_ = register_module("head", torch::nn::Linear(c.d_model, c.vocab));
+}
+
+torch::Tensor TransformerImpl::attn_half(int l, const torch::Tensor& x, const torch::Tensor& key_valid) {
+  const BlockModules& b = blocks_.at(static_cast<size_t>(l));
+  if (c_.placement == NormPlacement::pre)
+    return x + tap_->apply(b.attn->forward(b.norm1->forward(x), key_valid, *tap_, l), l, DropoutSite::attn_out);
+  return b.norm1->forward(x + tap_->apply(b.attn->forward(x, key_valid, *tap_, l), l, DropoutSite::attn_out));
+}
+torch::Tensor TransformerImpl::ffn_half(int l, const torch::Tensor& x) {
+  const BlockModules& b = blocks_.at(static_cast<size_t>(l));
+  if (c_.placement == NormPlacement::pre)
+    return x + tap_->apply(b.ffn->forward(b.norm2->forward(x), *tap_, l), l, DropoutSite::ffn_out);
+  return b.norm2->forward(x + tap_->apply(b.ffn->forward(x, *tap_, l), l, DropoutSite::ffn_out));
+}
+
+torch::Tensor TransformerImpl::run_unit(const Unit& u, const torch::Tensor& h, const torch::Tensor& key_valid,
+                                        torch::Tensor* sq_mean) {
+  torch::Tensor out;
+  switch (u.part) {
+    case BlockPart::embed:
+      return torch::matmul(h, head_->weight);  // x (B,T,V) @ head.weight (V,D)
+    case BlockPart::attn:
+      return c_.attention ? attn_half(u.layer, h, key_valid) : h;
+    case BlockPart::whole:
+      out = ffn_half(u.layer, c_.attention ? attn_half(u.layer, h, key_valid) : h);
+      break;
+    case BlockPart::ffn:
+      out = ffn_half(u.layer, h);
+      break;
+  }
+  if (sq_mean) {
+    const torch::Tensor term = out.to(torch::kFloat).pow(2).mean();
+    *sq_mean = sq_mean->defined() ? *sq_mean + term : term;
+  }
+  return out;
+}
+
+torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Tensor& targets, const torch::Tensor& y) {
+  // logits = h W^T + b, written with the weight as matmul's own argument (not a transposed view), as a
+  // tied embedding/head often is: under autocast the cast of the weight is then cached and shared with
+  // the input projection's (tie=head), exactly the situation whose gradients a checkpoint can break.
+  const torch::Tensor hn = norm_f_->forward(h);
+  const torch::Tensor logits =
+      (torch::matmul(head_->weight, hn.transpose(-1, -2)).transpose(-1, -2) + head_->bias).to(torch::kFloat);
+  if (c_.loss == LossKind::cross_entropy)
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, c_.vocab}), targets.reshape({-1}));
+  return torch::nn::functional::mse_loss(logits, y);
+}
+
+std::vector<torch::Tensor> TransformerImpl::unit_params(const Unit& u) {
+  std::vector<std::string> names;
+  auto add = [&](ModelPart part) {
+    for (auto& n : part_param_names(c_, part, u.layer)) names.push_back(std::move(n));
+  };
+  if (u.part == BlockPart::embed) add(ModelPart::input_projection);
+  if (u.part == BlockPart::whole || u.part == BlockPart::attn) add(ModelPart::block_attn);
+  if (u.part == BlockPart::whole || u.part == BlockPart::ffn) add(ModelPart::block_ffn);
+  const auto all = named_parameters();
+  std::vector<torch::Tensor> out;
+  for (const auto& n : names) out.push_back(all[n]);
+  return out;
+}
+
+void TransformerImpl::load(const ParamSet& p) {
+  torch::NoGradGuard no_grad;
+  const auto params = named_parameters().pairs();
+  if (params.size() != p.items.size())
+    throw std::logic_error("model: " + std::to_string(params.size()) + " parameters but the layout has " +
+                           std::to_string(p.items.size()));
+  for (size_t i = 0; i < p.items.size(); ++i) {
+    const NamedArray& a = p.items[i];
+    const auto& kv = params[i];
+    if (kv.first != a.name) throw std::logic_error("model: parameter " + kv.first + " is not layout's " + a.name);
+    const torch::Tensor src = torch::from_blob(const_cast<double*>(a.data.data()), a.shape, torch::kDouble);
+    if (src.sizes() != kv.second.sizes()) throw std::logic_error("model: parameter " + a.name + " has the wrong shape");
+    kv.second.copy_(src);
+  }
+}
+
+ParamSet TransformerImpl::values() const {
+  ParamSet out = param_layout(c_);
+  for (const auto& kv : named_parameters()) out.at(kv.key()).data = to_doubles(kv.value());
+  return out;
+}
+
+ParamSet TransformerImpl::grads() const {
+  ParamSet out = param_layout(c_);
+  for (const auto& kv : named_parameters())
+    if (kv.value().grad().defined()) out.at(kv.key()).data = to_doubles(kv.value().grad());
+  return out;
+}
+
+std::vector<bool> TransformerImpl::grads_defined() const {
+  std::vector<bool> out;
+  for (const auto& kv : named_parameters()) out.push_back(kv.value().grad().defined());
+  return out;
+}
+
+std::vector<double> to_doubles(const torch::Tensor& t) {
+  const torch::Tensor c = t.detach().to(torch::kCPU).to(torch::kDouble).contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+c10::ScalarType autocast_dtype(Precision p) {
+  return p == Precision::fp16 ? torch::kHalf : p == Precision::bf16 ? torch::kBFloat16 : torch::kFloat;
+}
+
+}  // namespace ckv

@@ -1,0 +1,95 @@
+// verifier/model/model.hpp: the LibTorch model under test, built from the same ModelConfig as the
+// reference (reference/transformer.hpp documents the equations both follow) and loading exactly the
+// same fp64-born parameters. Parameter names from named_parameters() equal the reference's layout
+// names ("layer0.attn.wq.weight", ...), in layout order, so gradients are compared name by name; which
+// parameters a unit reads comes from the layout too (part_param_names).
+//
+// The model exposes its execution units (a whole block, its attention / FFN half, the tied input
+// projection) so that the run stage can group them into the segments of a checkpoint plan.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "reference/params.hpp"
+#include "verifier/case/case.hpp"
+#include "verifier/case/plan.hpp"
+#include "verifier/model/site_tap.hpp"
+
+namespace ckv {
+
+class NormImpl : public torch::nn::Module {
+ public:
+  NormImpl(NormKind kind, int64_t d);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  NormKind kind_;
+  int64_t d_;
+  torch::Tensor weight_, bias_;
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& c);
+  // x (B,T,D) -> (B,T,D), before the attn_out dropout. key_valid: (B,T) bool, or undefined for no padding.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& key_valid, SiteTap& tap, int layer);
+
+ private:
+  ModelConfig c_;
+  torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wo_{nullptr};
+};
+
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  explicit FeedForwardImpl(const ModelConfig& c);
+  torch::Tensor forward(const torch::Tensor& x, SiteTap& tap, int layer);  // before the ffn_out dropout
+
+ private:
+  ModelConfig c_;
+  torch::nn::Linear fc1_{nullptr}, gate_{nullptr}, fc2_{nullptr};
+};
+
+// One block's modules. With tie=blocks every block holds layer 0's modules (registered only by layer 0).
+struct BlockModules {
+  std::shared_ptr<NormImpl> norm1, norm2;
+  std::shared_ptr<AttentionImpl> attn;
+  std::shared_ptr<FeedForwardImpl> ffn;
+};
+
+class TransformerImpl : public torch::nn::Module {
+ public:
+  // The model draws dropout masks through `tap`, which must outlive it.
+  TransformerImpl(const ModelConfig& c, SiteTap* tap);
+  // One unit on hidden state h. key_valid: (B,T) bool or undefined. sq_mean: when given, whole blocks
+  // and FFN halves add mean(y^2) of their output y to it (the auxiliary loss before its weight).
+  torch::Tensor run_unit(const Unit& u, const torch::Tensor& h, const torch::Tensor& key_valid,
+                         torch::Tensor* sq_mean = nullptr);
+  // Final norm, head and loss (fp32) for the block-stack output h.
+  torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets, const torch::Tensor& y);
+  // The parameters a unit reads (layout order; shared parameters included).
+  std::vector<torch::Tensor> unit_params(const Unit& u);
+  const ModelConfig& config() const { return c_; }
+
+  void load(const ParamSet& p);  // copies values (fp64 -> parameter dtype) by name
+  ParamSet values() const;       // current parameters, as fp64, in layout order
+  ParamSet grads() const;        // gradients (zeros where undefined), as fp64
+  std::vector<bool> grads_defined() const;
+
+ private:
+  torch::Tensor attn_half(int layer, const torch::Tensor& x, const torch::Tensor& key_valid);
+  torch::Tensor ffn_half(int layer, const torch::Tensor& x);
+
+  ModelConfig c_;
+  SiteTap* tap_;
+  std::vector<BlockModules> blocks_;
+  std::shared_ptr<NormImpl> norm_f_;
+  torch::nn::Linear head_{nullptr};
+};
+
+// Copies a tensor of any dtype/device to fp64 host values (row-major).
+std::vector<double> to_doubles(const torch::Tensor& t);
+c10::ScalarType autocast_dtype(Precision p);
+
+}  // namespace ckv

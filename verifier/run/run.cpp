@@ -1,0 +1,517 @@
+// verifier/run/run.cpp: see run.hpp.
+#include "verifier/run/run.hpp"
+
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <memory>
+
+#include "verifier/model/model.hpp"
+
+namespace ckv {
+namespace {
+
+std::string first_line(const std::string& s) {
+  return sanitize(s.substr(0, s.find('\n')), 400);
+}
+
+bool looks_like_out_of_memory(const std::string& msg) {
+  return msg.find("out of memory") != std::string::npos || msg.find("not enough memory") != std::string::npos ||
+         msg.find("std::bad_alloc") != std::string::npos;
+}
+
+torch::Tensor to_tensor(const std::vector<double>& v, std::vector<int64_t> shape, const torch::Device& d) {
+  return torch::from_blob(const_cast<double*>(v.data()), shape, torch::kDouble).to(torch::kFloat).to(d);
+}
+
+std::vector<bool> trainable_mask(const Case& c, const ParamSet& layout) {
+  std::vector<bool> out;
+  for (size_t i = 0; i < layout.items.size(); ++i) {
+    const std::string& n = layout.items[i].name;
+    bool frozen = false;
+    if (c.freeze == Freeze::alt) frozen = i % 2 == 1;
+    if (c.freeze == Freeze::blocks) frozen = n.rfind("layer", 0) == 0;
+    out.push_back(!frozen);
+  }
+  return out;
+}
+
+// Whether any input or parameter of each segment requires grad (so backward must reach through it).
+std::vector<bool> gradient_flow(const Case& c, const std::vector<Segment>& segments, const std::vector<bool>& trainable) {
+  const ParamSet layout = param_layout(c.model);
+  auto index_of = [&](const std::string& name) {
+    for (size_t i = 0; i < layout.items.size(); ++i)
+      if (layout.items[i].name == name) return i;
+    return layout.items.size();
+  };
+  std::vector<bool> out;
+  bool upstream = !c.input_frozen;
+  for (const auto& seg : segments) {
+    bool any = false;
+    for (const Unit& u : seg.units) {
+      std::vector<std::string> names;
+      auto add = [&](ModelPart p) {
+        for (auto& n : part_param_names(c.model, p, u.layer)) names.push_back(n);
+      };
+      if (u.part == BlockPart::embed) add(ModelPart::input_projection);
+      if (u.part == BlockPart::whole || u.part == BlockPart::attn) add(ModelPart::block_attn);
+      if (u.part == BlockPart::whole || u.part == BlockPart::ffn) add(ModelPart::block_ffn);
+      for (const auto& n : names) any |= trainable.at(index_of(n));
+    }
+    out.push_back(upstream || any);
+    upstream = upstream || any;
+  }
+  return out;
+}
+
+enum class Mode { normal, throw_in_recompute, inplace_input };
+
+// One training run. The members live as long as the run: segment functions handed to the
+// implementation capture references to them.
+class Trainer {
+ public:
+  Trainer(const Case& c, const Observations& o, CheckpointImpl* impl, Mode mode, int target_segment)
+      : c_(c),
+        o_(o),
+        impl_(impl),
+        mode_(mode),
+        target_(target_segment),
+        device_(c.device),
+        tap_(c.dropout_impl, c.dropout),
+        model_(c.model, &tap_) {
+    torch::manual_seed(c.seed);  // dropout draws from the device's default generator
+    rng_ = RngState::capture();  // this run's own random stream (runs interleave step by step)
+    model_.to(device_);
+    model_.load(o.initial_params);
+    model_.train();
+    params_ = model_.parameters();
+    hook_calls_ = std::make_shared<std::vector<int>>(params_.size(), 0);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!o.trainable[i]) {
+        params_[i].requires_grad_(false);
+        continue;
+      }
+      if (c.hook == Hook::none) continue;
+      params_[i].register_hook([calls = hook_calls_, i, h = c.hook](const torch::Tensor& g) {
+        ++(*calls)[i];
+        return h == Hook::scale ? g * 0.5 : g.clamp(-kClipHook, kClipHook);
+      });
+    }
+    for (const auto& d : o.data) {
+      x_.push_back(to_tensor(d.x, {c.batch, c.seq, c.model.input_width()}, device_));
+      targets_.push_back(
+          torch::from_blob(const_cast<int64_t*>(d.targets.data()), {c.batch, c.seq}, torch::kLong).clone().to(device_));
+      y_.push_back(to_tensor(d.y, {c.batch, c.seq, c.model.vocab}, device_));
+    }
+    if (c.model.key_padding) {
+      key_valid_ = torch::zeros({c.batch, c.seq}, torch::kBool);
+      for (int b = 0; b < c.batch; ++b) key_valid_[b].slice(0, 0, key_length(b, c.seq)).fill_(true);
+      key_valid_ = key_valid_.to(device_);
+    }
+    for (const auto& seg : o.segments) units_.insert(units_.end(), seg.units.begin(), seg.units.end());
+  }
+
+  // One optimizer step; throws what the step throws. The run's own generators are installed around it.
+  StepRecord step(int step) {
+    step_ = step;
+    rng_.restore();
+    StepRecord rec = train_step();
+    rng_ = RngState::capture();
+    return rec;
+  }
+  // Continues from these parameters (the baseline follows the run under test step by step).
+  void load(const ParamSet& p) { model_.load(p); }
+  // Fills the records of every call so far; `error` when the run stopped on an exception.
+  void finish(RunRecord& r, const std::exception* error) {
+    r.completed = error == nullptr;
+    if (error) {
+      r.error = first_line(error->what());
+      r.error_step = step_, r.error_micro = micro_, r.error_phase = phase_;
+    }
+    r.sites = tap_.calls();
+    r.relu = tap_.relu_calls();
+    r.segment_calls = segment_calls_;
+  }
+  // The experiment of the trainer's mode, on step 0, micro-batch 0; fills throw_result / inplace_result.
+  void experiment() {
+    rng_.restore();
+    if (impl_) impl_->begin_step(0);
+    live_.assign(1, {});
+    forward(0);
+    if (mode_ == Mode::inplace_input) {
+      torch::NoGradGuard no_grad;
+      live_[0].segment_inputs.at(static_cast<size_t>(target_)).add_(1.0);
+    } else {
+      // Move every generator on, so that a recompute that leaves the forward's state behind shows.
+      torch::rand({1});
+      const size_t devices = torch::cuda::is_available() ? static_cast<size_t>(torch::cuda::device_count()) : 0;
+      for (size_t i = 0; i < devices; ++i)
+        torch::rand({1}, torch::TensorOptions().device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))));
+      throw_result.before = GlobalState::current();
+    }
+    bool threw = false;
+    std::string msg;
+    try {
+      backward(0);
+    } catch (const std::exception& e) {
+      threw = true;
+      msg = e.what();
+    }
+    if (mode_ == Mode::inplace_input) {
+      inplace_result.threw = threw;
+      inplace_result.message = first_line(msg);
+    } else {
+      throw_result.after = GlobalState::current();
+      throw_result.threw = threw;
+      throw_result.planted_message_seen = msg.find(kPlantedFailure) != std::string::npos;
+      throw_result.message = first_line(msg);
+    }
+    live_.clear();
+    if (impl_) impl_->end_step(0);
+  }
+
+  ThrowExperiment throw_result;
+  InplaceExperiment inplace_result;
+
+ private:
+  StepRecord train_step() {
+    if (impl_) impl_->begin_step(step_);
+    for (auto& p : params_) p.mutable_grad().reset();
+    std::fill(hook_calls_->begin(), hook_calls_->end(), 0);
+    StepRecord rec;
+    const int M = c_.micro;
+    live_.assign(static_cast<size_t>(M), {});
+    if (c_.sched == Schedule::fb) {
+      for (int m = 0; m < M; ++m) forward(m), backward(m);
+    } else {
+      for (int m = 0; m < M; ++m) forward(m);
+      for (int m = M - 1; m >= 0; --m) backward(m);
+    }
+    for (int m = 0; m < M; ++m) {
+      const auto& l = live_[static_cast<size_t>(m)];
+      rec.losses.push_back(l.loss_value);
+      rec.dx.push_back(c_.input_frozen ? std::vector<double>{} : l.dx);
+    }
+    rec.grads = model_.grads();
+    rec.grad_defined = model_.grads_defined();
+    rec.hook_calls = *hook_calls_;
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : params_)
+        if (p.grad().defined()) p.sub_(p.grad() * c_.lr);
+    }
+    rec.params_after = model_.values();
+    live_.clear();
+    if (impl_) impl_->end_step(step_);
+    return rec;
+  }
+
+  // The segment function of segment s in micro-batch m: the functions the implementation receives.
+  SegmentFunction segment_fn(size_t s, int m) {
+    const Segment& seg = o_.segments[s];
+    const int step = step_;
+    return [this, s, m, step, &seg](const std::vector<c10::IValue>& args) -> std::vector<torch::Tensor> {
+      segment_calls_.push_back({step, m, static_cast<int>(s), phase_, torch::GradMode::is_enabled()});
+      if (mode_ == Mode::throw_in_recompute && static_cast<int>(s) == target_ && phase_ > 0)
+        throw std::runtime_error(kPlantedFailure);
+      if (c_.segio() == SegIO::single) {
+        torch::Tensor h = args.at(0).toTensor();
+        for (const Unit& u : seg.units) h = model_.run_unit(u, h, {});
+        return {h};
+      }
+      torch::Tensor h = args.at(0).toTensor();
+      const torch::Tensor key_valid = args.at(1).toTensor();
+      const int64_t start = args.at(2).toInt(), stop = args.at(3).toInt();
+      const double aux_weight = args.at(4).toDouble();
+      torch::Tensor sq_mean;
+      for (int64_t i = start; i < stop; ++i) h = model_.run_unit(units_.at(static_cast<size_t>(i)), h, key_valid, &sq_mean);
+      const torch::Tensor aux =
+          sq_mean.defined() ? sq_mean * aux_weight : torch::zeros({}, torch::TensorOptions().device(device_));
+      return {h, aux};
+    };
+  }
+
+  void forward(int m) {
+    micro_ = m, phase_ = 0;
+    tap_.set_context(step_, m, 0);
+    Live& live = live_[static_cast<size_t>(m)];
+    live.x = x_[static_cast<size_t>(m)].clone().requires_grad_(!c_.input_frozen);
+    const bool autocast = c_.precision != Precision::fp32;
+    compat::ScopedAutocastState ac(
+        compat::AutocastState::current().with(device_.type(), autocast, autocast_dtype(c_.precision)));
+    torch::Tensor h = live.x, aux;
+    int64_t unit = 0;
+    for (size_t s = 0; s < o_.segments.size(); ++s) {
+      const Segment& seg = o_.segments[s];
+      SegmentCall call;
+      call.fn = segment_fn(s, m);
+      call.args = {h};
+      if (c_.segio() == SegIO::multi) {
+        call.args.emplace_back(key_valid_);
+        call.args.emplace_back(unit);
+        call.args.emplace_back(unit + static_cast<int64_t>(seg.units.size()));
+        call.args.emplace_back(kAuxWeight);
+      }
+      unit += static_cast<int64_t>(seg.units.size());
+      live.segment_inputs.push_back(h);
+      std::vector<torch::Tensor> outs;
+      if (seg.checkpointed && impl_) {
+        call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
+        for (const Unit& u : seg.units)
+          for (const auto& p : model_.unit_params(u))
+            if (std::none_of(call.params.begin(), call.params.end(), [&](const torch::Tensor& q) { return q.is_same(p); }))
+              call.params.push_back(p);
+        outs = impl_->run(call);
+      } else {
+        outs = call.fn(call.args);
+      }
+      const size_t want = c_.segio() == SegIO::multi ? 2 : 1;
+      if (outs.size() != want)
+        throw std::runtime_error("segment " + std::to_string(s) + " returned " + std::to_string(outs.size()) +
+                                 " tensor(s), expected " + std::to_string(want));
+      h = outs[0];
+      if (want == 2) aux = aux.defined() ? aux + outs[1] : outs[1];
+    }
+    torch::Tensor loss = model_.head_loss(h, targets_[static_cast<size_t>(m)], y_[static_cast<size_t>(m)]);
+    if (aux.defined()) loss = loss + aux;
+    live.loss = loss * (1.0 / c_.micro);
+  }
+
+  void backward(int m) {
+    micro_ = m;
+    Live& live = live_[static_cast<size_t>(m)];
+    phase_ = 1;
+    tap_.set_context(step_, m, 1);
+    if (c_.gp > 0.0) {
+      const torch::Tensor g = torch::autograd::grad({live.loss}, {live.x}, {}, /*retain_graph=*/true,
+                                                    /*create_graph=*/true)[0];
+      const torch::Tensor total = live.loss + g.pow(2).sum() * c_.gp;
+      phase_ = 2;
+      tap_.set_context(step_, m, 2);
+      total.backward();
+    } else {
+      live.loss.backward();
+    }
+    live.loss_value = live.loss.item<double>();
+    if (!c_.input_frozen && live.x.grad().defined()) live.dx = to_doubles(live.x.grad());
+    live.loss = torch::Tensor();
+    live.segment_inputs.clear();
+  }
+
+  struct Live {
+    torch::Tensor x, loss;
+    std::vector<torch::Tensor> segment_inputs;
+    double loss_value = 0.0;
+    std::vector<double> dx;
+  };
+
+  const Case& c_;
+  const Observations& o_;
+  CheckpointImpl* impl_;
+  Mode mode_;
+  int target_;
+  torch::Device device_;
+  SiteTap tap_;
+  TransformerImpl model_;
+  std::vector<torch::Tensor> params_;
+  std::shared_ptr<std::vector<int>> hook_calls_;
+  std::vector<torch::Tensor> x_, targets_, y_;
+  torch::Tensor key_valid_;
+  std::vector<Unit> units_;
+  std::vector<Live> live_;
+  std::vector<SegmentCallRecord> segment_calls_;
+  RngState rng_;
+  int step_ = 0, micro_ = 0, phase_ = 0;
+};
+
+Observations prepare(const Case& c) {
+  validate(c);
+  Observations o;
+  o.c = c;
+  o.segments = c.plan.segments(c.model.layers, c.model.attention, c.model.tie == Tie::head);
+  o.initial_params = make_params(c.model, c.seed);
+  o.trainable = trainable_mask(c, o.initial_params);
+  o.grad_flows = gradient_flow(c, o.segments, o.trainable);
+  o.passes = c.gp > 0.0 ? 2 : 1;
+  for (int m = 0; m < c.micro; ++m) o.data.push_back(make_case_data(c.model, c.batch, c.seq, c.seed, m));
+  return o;
+}
+
+// The last checkpointed segment through which gradient flows (recomputed first in backward), or -1.
+int experiment_segment(const Observations& o) {
+  for (size_t s = o.segments.size(); s-- > 0;)
+    if (o.segments[s].checkpointed && o.grad_flows[s]) return static_cast<int>(s);
+  return -1;
+}
+
+}  // namespace
+
+ExpectedStep expected_step(const Observations& o, int step, RefScalar scalar, const ReferenceFaults& faults,
+                           bool perturb) {
+  const Case& c = o.c;
+  ParamSet params = step == 0 ? o.initial_params : o.test.steps.at(static_cast<size_t>(step - 1)).params_after;
+  std::vector<CaseData> data = o.data;
+  if (perturb) {
+    SplitMix64 sign(stream_seed(c.seed, "perturb.step" + std::to_string(step)));
+    auto nudge = [&](double& v) { v *= 1.0 + ((sign.next() & 1) ? 1.0 : -1.0) * 0x1p-21; };
+    for (auto& a : params.items) std::for_each(a.data.begin(), a.data.end(), nudge);
+    for (auto& d : data) std::for_each(d.x.begin(), d.x.end(), nudge);
+  }
+  ExpectedStep e;
+  e.grads = zeros_like(params);
+  for (int m = 0; m < c.micro; ++m) {
+    const DropoutMasks masks = reference_masks(o.test.sites, o.test.relu, c.model, c.dropout, step, m);
+    const ReferenceResult r = reference_forward_backward(c.model, params, data[static_cast<size_t>(m)], masks,
+                                                         ReferenceOptions{faults, scalar, 1.0 / c.micro});
+    e.losses.push_back(r.loss);
+    e.dx.push_back(r.dx);
+    for (const auto& out : r.layer_out)
+      for (double v : out) e.max_activation = std::max(e.max_activation, std::abs(v));
+    for (double v : r.logits) e.max_activation = std::max(e.max_activation, std::abs(v));
+    for (size_t k = 0; k < r.grads.items.size(); ++k)
+      for (size_t i = 0; i < r.grads.items[k].data.size(); ++i)
+        e.grads.items[k].data[i] += apply_hook(c.hook, r.grads.items[k].data[i]);
+  }
+  return e;
+}
+
+double apply_hook(Hook h, double g) {
+  switch (h) {
+    case Hook::none:
+      return g;
+    case Hook::scale:
+      return g * 0.5;
+    case Hook::clip:
+      return std::min(std::max(g, -kClipHook), kClipHook);
+  }
+  return g;
+}
+
+GlobalState GlobalState::current() {
+  return {RngState::capture(), compat::AutocastState::current(), torch::GradMode::is_enabled()};
+}
+
+void check_environment(const Case& c) {
+  validate(c);
+  if (c.device != "cpu") {
+    if (!torch::cuda::is_available()) throw EnvironmentError("device=" + c.device + ": no CUDA device is available here");
+    const torch::Device d(c.device);
+    if (d.has_index() && d.index() >= static_cast<int>(torch::cuda::device_count()))
+      throw EnvironmentError("device=" + c.device + ": this machine has " +
+                             std::to_string(torch::cuda::device_count()) + " CUDA device(s)");
+  }
+  if (c.precision == Precision::fp16 && c.device == "cpu" && !compat::kCpuFp16Autocast)
+    throw EnvironmentError("prec=fp16 on cpu needs LibTorch >= 2.3 (CPU autocast to fp16); this build has " +
+                           std::string(TORCH_VERSION));
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double kb = 0;
+    meminfo >> kb;
+    if (key == "MemAvailable:") {
+      const double need = estimated_bytes(c), have = kb * 1024.0;
+      if (need > 0.8 * have)
+        throw EnvironmentError("the case needs about " + std::to_string(static_cast<long>(need / (1 << 20))) +
+                               " MiB and this machine has " + std::to_string(static_cast<long>(have / (1 << 20))) +
+                               " MiB available");
+      break;
+    }
+    meminfo.ignore(1 << 10, '\n');
+  }
+}
+
+RunRecord train(const Case& c, CheckpointImpl* impl) {
+  const Observations o = prepare(c);
+  Trainer t(c, o, impl, Mode::normal, -1);
+  RunRecord r;
+  try {
+    for (int s = 0; s < c.steps; ++s) r.steps.push_back(t.step(s));
+    t.finish(r, nullptr);
+  } catch (const std::exception& e) {
+    t.finish(r, &e);
+  }
+  return r;
+}
+
+Observations observe(const Case& c, CheckpointImpl& impl) {
+  check_environment(c);
+  Observations o = prepare(c);
+  // The two runs advance in lockstep, and the baseline takes each step from the parameters the run
+  // under test reached: every step is then compared on its own, even after a tolerated difference
+  // (a shared parameter's gradient summed in another order) has moved the parameters apart.
+  Trainer base(c, o, nullptr, Mode::normal, -1), test(c, o, &impl, Mode::normal, -1);
+  const std::exception* test_error = nullptr;
+  struct Saved : std::exception {
+    std::string m;
+    explicit Saved(std::string s) : m(std::move(s)) {}
+    const char* what() const noexcept override { return m.c_str(); }
+  };
+  std::unique_ptr<Saved> saved;
+  for (int s = 0; s < c.steps && !test_error; ++s) {
+    try {
+      o.baseline.steps.push_back(base.step(s));
+    } catch (const std::exception& e) {
+      const std::string msg = first_line(e.what());
+      if (looks_like_out_of_memory(msg)) throw EnvironmentError("the baseline run ran out of memory: " + msg);
+      throw std::runtime_error("the baseline run (no checkpointing) failed: " + msg);
+    }
+    try {
+      o.test.steps.push_back(test.step(s));
+    } catch (const std::exception& e) {
+      saved = std::make_unique<Saved>(e.what());
+      test_error = saved.get();
+      break;
+    }
+    if (o.test.steps.back().params_after.items != o.baseline.steps.back().params_after.items)
+      base.load(o.test.steps.back().params_after);
+  }
+  base.finish(o.baseline, nullptr);
+  test.finish(o.test, test_error);
+
+  const int target = experiment_segment(o);
+  if (target < 0) {
+    o.throw_exp.why_not = o.inplace_exp.why_not = "no checkpointed segment has gradient flowing through it";
+  } else {
+    try {
+      Trainer t(c, o, &impl, Mode::throw_in_recompute, target);
+      t.experiment();
+      o.throw_exp = t.throw_result;
+      o.throw_exp.ran = true, o.throw_exp.segment = target;
+    } catch (const std::exception& e) {
+      o.throw_exp.why_not = "its forward failed: " + first_line(e.what());
+    }
+    if (c.inplace) {
+      try {
+        Trainer t(c, o, &impl, Mode::inplace_input, target);
+        t.experiment();
+        o.inplace_exp = t.inplace_result;
+        o.inplace_exp.ran = true, o.inplace_exp.segment = target;
+      } catch (const std::exception& e) {
+        o.inplace_exp.why_not = "its forward failed: " + first_line(e.what());
+      }
+    } else {
+      o.inplace_exp.why_not = "the case does not ask for it (inplace=false)";
+    }
+  }
+
+  if (!o.test.completed)
+    o.reference.why_not = "the run under test did not complete";
+  else if (c.precision != Precision::fp32)
+    o.reference.why_not = "prec=" + std::string(to_string(c.precision)) +
+                          ": the reference does not model autocast's casts (grad-baseline is the AMP check)";
+  else if (c.gp > 0.0)
+    o.reference.why_not = "gp>0: the reference has no second derivatives (grad-baseline checks the penalty)";
+  else {
+    for (int s = 0; s < c.steps; ++s) {
+      o.reference.fp64.push_back(expected_step(o, s, RefScalar::fp64));
+      o.reference.fp32.push_back(expected_step(o, s, RefScalar::fp32));
+      o.reference.fp32_perturbed.push_back(expected_step(o, s, RefScalar::fp32, {}, /*perturb=*/true));
+    }
+    o.reference.computed = true;
+  }
+  return o;
+}
+
+}  // namespace ckv

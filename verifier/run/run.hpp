@@ -1,0 +1,140 @@
+// verifier/run/run.hpp: the run stage (DESIGN.md: "Runners only record; properties only compare").
+// observe() turns a Case into every observation the properties judge: the baseline training run (no
+// checkpointing), the run under test (every checkpointed segment handed to the implementation), the
+// reference's expectations (fp64 and fp32 evaluations fed the test run's first-forward masks), and the
+// experiments that need a run of their own (a recompute made to throw; a segment input modified in
+// place before backward). Nothing here judges.
+//
+// One training step, as both runs take it: zero the gradients; for each micro-batch (in the Case's
+// schedule) run the forward under the Case's autocast, then its backward passes (one, or with a
+// gradient penalty: autograd::grad w.r.t. x with create_graph, then backward of loss + penalty);
+// then one SGD update.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "reference/transformer.hpp"
+#include "verifier/case/case.hpp"
+#include "verifier/checkpoint/compat.hpp"
+#include "verifier/checkpoint/rng.hpp"
+#include "verifier/impls/interface.hpp"
+#include "verifier/model/site_tap.hpp"
+
+namespace ckv {
+
+// The Case cannot run here (no such device, too large for this machine): never the implementation's fault.
+class EnvironmentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws EnvironmentError when this machine or build cannot run the Case.
+void check_environment(const Case& c);
+
+struct SegmentCallRecord {
+  int step = 0, micro = 0, segment = 0;
+  int phase = 0;  // 0: the forward; k >= 1: during backward pass k of that micro-batch
+  bool grad_enabled = false;
+};
+
+struct StepRecord {
+  std::vector<double> losses;              // per micro-batch (already scaled by 1/micro)
+  ParamSet grads;                          // after every backward pass of the step (zeros where undefined)
+  std::vector<bool> grad_defined;          // per parameter, layout order
+  std::vector<std::vector<double>> dx;     // per micro-batch: dloss/dx (empty when the input is frozen)
+  std::vector<int> hook_calls;             // per parameter: gradient hook calls during the step
+  ParamSet params_after;                   // after the optimizer update
+};
+
+struct RunRecord {
+  bool completed = false;
+  std::string error;  // what the run threw (first line), when it did not complete
+  int error_step = -1, error_micro = -1, error_phase = -1;
+  std::vector<StepRecord> steps;  // the completed steps
+  std::vector<SiteCall> sites;
+  std::vector<ReluCall> relu;
+  std::vector<SegmentCallRecord> segment_calls;
+};
+
+// What the reference says one step of the run under test should have produced.
+struct ExpectedStep {
+  double max_activation = 0.0;          // the largest |block output| or |logit| over the micro-batches
+  std::vector<double> losses;           // per micro-batch
+  ParamSet grads;                       // accumulated over micro-batches, gradient hooks applied
+  std::vector<std::vector<double>> dx;  // per micro-batch
+};
+// The reference is evaluated three times per step: fp64 (the oracle), fp32 (what fp32 rounding does to
+// this Case), and fp32 on inputs and parameters moved by a few ulps (how strongly the Case amplifies
+// perturbations of that size: a chaotic step shows here even when the plain fp32 evaluation is lucky).
+struct ReferenceRecord {
+  bool computed = false;
+  std::string why_not;  // when not computed
+  std::vector<ExpectedStep> fp64, fp32, fp32_perturbed;
+};
+
+struct GlobalState {
+  RngState rng;
+  compat::AutocastState autocast;
+  bool grad_enabled = false;
+  static GlobalState current();
+};
+
+// A recompute made to throw: the last checkpointed segment through which gradient flows raises in its
+// first call during backward (step 0, micro-batch 0).
+struct ThrowExperiment {
+  bool ran = false;
+  std::string why_not;
+  int segment = -1;
+  bool threw = false;
+  bool planted_message_seen = false;  // the exception that came out is the planted one
+  std::string message;
+  GlobalState before, after;  // around the backward call (the generators were moved on after the forward)
+};
+inline constexpr const char* kPlantedFailure = "ckverify: planted failure in the recompute";
+
+// A segment input modified in place between forward and backward (step 0, micro-batch 0): the input of
+// the last checkpointed segment through which gradient flows gets add_(1) under no_grad.
+struct InplaceExperiment {
+  bool ran = false;
+  std::string why_not;
+  int segment = -1;
+  bool threw = false;
+  std::string message;
+};
+
+struct Observations {
+  Case c;
+  std::vector<Segment> segments;
+  std::vector<bool> grad_flows;  // per segment: does any input or parameter of it require grad
+  int passes = 1;                // backward passes per micro-batch
+  std::vector<bool> trainable;   // per parameter, layout order
+  ParamSet initial_params;
+  std::vector<CaseData> data;    // per micro-batch
+  RunRecord baseline, test;
+  ReferenceRecord reference;
+  ThrowExperiment throw_exp;
+  InplaceExperiment inplace_exp;
+};
+
+// Runs everything. Throws EnvironmentError (check_environment, or the baseline itself runs out of
+// memory) and std::runtime_error when the baseline fails otherwise (a ckverify bug, never a finding).
+Observations observe(const Case& c, CheckpointImpl& impl);
+
+// One training run of the Case: with impl null (or plan none) nothing is checkpointed. Records
+// instead of throwing when the run fails.
+RunRecord train(const Case& c, CheckpointImpl* impl);
+
+// The gradient hook of the Case, as applied to a gradient.
+double apply_hook(Hook h, double g);
+
+// What the reference expects of step `step` of the run under test (its parameters before the step, the
+// masks its first forward drew). `faults` plants errors in the reference (tests only).
+// `perturb` moves every input and parameter by a few fp32 ulps (a fixed pseudo-random sign per element).
+ExpectedStep expected_step(const Observations& o, int step, RefScalar scalar, const ReferenceFaults& faults = {},
+                           bool perturb = false);
+
+}  // namespace ckv
