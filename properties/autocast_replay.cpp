@@ -26,14 +26,15 @@ Finding judge(const Observations& o) {
     const bool ea = cuda ? a.cuda_enabled : a.cpu_enabled, ef = cuda ? f.cuda_enabled : f.cpu_enabled;
     const at::ScalarType da = cuda ? a.cuda_dtype : a.cpu_dtype, df = cuda ? f.cuda_dtype : f.cpu_dtype;
     if (ea != ef || (ea && da != df))
-      return Finding::fail(kName, r.step, site_label(r),
-                           fmt::format("the recompute ran under {} but the first forward under {}", describe(ea, da),
-                                       describe(ef, df)));
+      return Finding::fail(
+          kName, r.step, site_label(r),
+          fmt::format("the recompute ran under {} but the first forward under {}", describe(ea, da), describe(ef, df)));
     if (!r.grad_enabled)
       return Finding::fail(kName, r.step, site_label(r), "the recompute ran with grad disabled: it builds no graph");
   }
   if (compared == 0) return Finding::not_applicable(kName, "no segment was recomputed");
-  return Finding::pass(kName, fmt::format("{} recomputed site call(s) under the first forward's autocast state", compared));
+  return Finding::pass(kName,
+                       fmt::format("{} recomputed site call(s) under the first forward's autocast state", compared));
 }
 }  // namespace
 

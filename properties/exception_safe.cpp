@@ -27,7 +27,8 @@ Finding judge(const Observations& o) {
 }  // namespace
 
 Property exception_safe_property() {
-  return {kName, "a recompute that throws propagates, and leaves RNG (every device), autocast and grad mode as they were",
+  return {kName,
+          "a recompute that throws propagates, and leaves RNG (every device), autocast and grad mode as they were",
           judge};
 }
 

@@ -43,43 +43,41 @@ inline rc::Gen<double> gen_rate(bool force) {
 // divide it. Head dim 2 is left out: LayerNorm over 2 features is degenerate (ill-conditioned).
 inline rc::Gen<ModelConfig> gen_model() {
   using namespace rc;
-  return gen::map(
-      gen::build<ModelConfig>(
-          gen::set(&ModelConfig::layers, gen::inRange(1, 9)), gen::set(&ModelConfig::heads, pick(1, 2, 4)),
-          gen::set(&ModelConfig::d_model, pick(4, 8)), gen::set(&ModelConfig::ffn_mult, gen::inRange(1, 5)),
-          gen::set(&ModelConfig::vocab, gen::inRange(2, 12)),
-          gen::set(&ModelConfig::norm, pick(NormKind::layer, NormKind::rms)),
-          gen::set(&ModelConfig::placement, pick(NormPlacement::pre, NormPlacement::post)),
-          gen::set(&ModelConfig::attention, pick(true, true, false)),
-          gen::set(&ModelConfig::causal, gen::arbitrary<bool>()),
-          gen::set(&ModelConfig::activation,
-                   pick(Activation::relu, Activation::gelu_tanh, Activation::gelu_erf, Activation::swiglu)),
-          gen::set(&ModelConfig::loss, pick(LossKind::cross_entropy, LossKind::mse)),
-          gen::set(&ModelConfig::tie, pick(Tie::none, Tie::none, Tie::none, Tie::none, Tie::none, Tie::blocks,
-                                                   Tie::head)),
-          gen::set(&ModelConfig::key_padding, pick(false, false, true))),
-      [](ModelConfig m) {
-        m.d_model *= m.heads;
-        m.aux_weight = m.key_padding ? kAuxWeight : 0.0;  // segio=multi
-        return m;
-      });
+  return gen::map(gen::build<ModelConfig>(
+                      gen::set(&ModelConfig::layers, gen::inRange(1, 9)), gen::set(&ModelConfig::heads, pick(1, 2, 4)),
+                      gen::set(&ModelConfig::d_model, pick(4, 8)), gen::set(&ModelConfig::ffn_mult, gen::inRange(1, 5)),
+                      gen::set(&ModelConfig::vocab, gen::inRange(2, 12)),
+                      gen::set(&ModelConfig::norm, pick(NormKind::layer, NormKind::rms)),
+                      gen::set(&ModelConfig::placement, pick(NormPlacement::pre, NormPlacement::post)),
+                      gen::set(&ModelConfig::attention, pick(true, true, false)),
+                      gen::set(&ModelConfig::causal, gen::arbitrary<bool>()),
+                      gen::set(&ModelConfig::activation,
+                               pick(Activation::relu, Activation::gelu_tanh, Activation::gelu_erf, Activation::swiglu)),
+                      gen::set(&ModelConfig::loss, pick(LossKind::cross_entropy, LossKind::mse)),
+                      gen::set(&ModelConfig::tie,
+                               pick(Tie::none, Tie::none, Tie::none, Tie::none, Tie::none, Tie::blocks, Tie::head)),
+                      gen::set(&ModelConfig::key_padding, pick(false, false, true))),
+                  [](ModelConfig m) {
+                    m.d_model *= m.heads;
+                    m.aux_weight = m.key_padding ? kAuxWeight : 0.0;  // segio=multi
+                    return m;
+                  });
 }
 
 inline rc::Gen<Plan> gen_plan() {
   using namespace rc;
-  return gen::build<Plan>(
-      gen::set(&Plan::kind,
-               pick(PlanKind::none, PlanKind::every_block, PlanKind::every_n, PlanKind::segments,
-                            PlanKind::sqrt_segments, PlanKind::attn_only, PlanKind::ffn_only, PlanKind::from_layer)),
-      gen::set(&Plan::n, gen::inRange(0, 8)));
+  return gen::build<Plan>(gen::set(&Plan::kind, pick(PlanKind::none, PlanKind::every_block, PlanKind::every_n,
+                                                     PlanKind::segments, PlanKind::sqrt_segments, PlanKind::attn_only,
+                                                     PlanKind::ffn_only, PlanKind::from_layer)),
+                          gen::set(&Plan::n, gen::inRange(0, 8)));
 }
 
 inline rc::Gen<Precision> gen_precision(const CaseGenOptions& o) {
   using namespace rc;
   if (!o.allow_autocast) return gen::just(Precision::fp32);
   if (compat::kCpuFp16Autocast || o.device != "cpu")
-    return pick(Precision::fp32, Precision::fp32, Precision::fp32, Precision::fp32, Precision::bf16,
-                        Precision::bf16, Precision::fp16);
+    return pick(Precision::fp32, Precision::fp32, Precision::fp32, Precision::fp32, Precision::bf16, Precision::bf16,
+                Precision::fp16);
   return pick(Precision::fp32, Precision::fp32, Precision::bf16);
 }
 
@@ -96,8 +94,8 @@ inline rc::Gen<Case> gen_case(const CaseGenOptions& o) {
           gen::set(&Case::steps, gen::inRange(1, 4)), gen::set(&Case::micro, pick(1, 1, 1, 1, 2, 3)),
           gen::set(&Case::sched, pick(Schedule::fb, Schedule::ffbb)),
           gen::set(&Case::input_frozen, pick(false, false, false, false, true)),
-          gen::set(&Case::freeze, pick(Freeze::none, Freeze::none, Freeze::none, Freeze::none, Freeze::alt,
-                                               Freeze::blocks)),
+          gen::set(&Case::freeze,
+                   pick(Freeze::none, Freeze::none, Freeze::none, Freeze::none, Freeze::alt, Freeze::blocks)),
           gen::set(&Case::hook, pick(Hook::none, Hook::none, Hook::none, Hook::none, Hook::scale, Hook::clip)),
           gen::set(&Case::gp, pick(0.0, 0.0, 0.0, 0.0, 0.0, 0.1)),
           gen::set(&Case::inplace, pick(false, false, false, false, true)),

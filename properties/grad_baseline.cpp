@@ -34,8 +34,10 @@ std::vector<int> parameter_uses(const Observations& o) {
   for (const auto& seg : o.segments)
     for (const Unit& u : seg.units) {
       if (u.part == BlockPart::embed) count(part_param_names(m, ModelPart::input_projection));
-      if (u.part == BlockPart::whole || u.part == BlockPart::attn) count(part_param_names(m, ModelPart::block_attn, u.layer));
-      if (u.part == BlockPart::whole || u.part == BlockPart::ffn) count(part_param_names(m, ModelPart::block_ffn, u.layer));
+      if (u.part == BlockPart::whole || u.part == BlockPart::attn)
+        count(part_param_names(m, ModelPart::block_attn, u.layer));
+      if (u.part == BlockPart::whole || u.part == BlockPart::ffn)
+        count(part_param_names(m, ModelPart::block_ffn, u.layer));
     }
   count(part_param_names(m, ModelPart::head));
   return uses;
@@ -92,10 +94,10 @@ Finding judge(const Observations& o) {
       if (b.dx[m].empty() && t.dx[m].empty()) continue;
       const std::string label = fmt::format("x.grad (micro {})", m);
       if (b.dx[m].size() != t.dx[m].size())
-        return Finding::fail(kName, step, fmt::format("step {} {}", step, label),
-                             fmt::format("{} is {} with checkpointing but {} without", label,
-                                         t.dx[m].empty() ? "undefined" : "defined",
-                                         b.dx[m].empty() ? "undefined" : "defined"));
+        return Finding::fail(
+            kName, step, fmt::format("step {} {}", step, label),
+            fmt::format("{} is {} with checkpointing but {} without", label, t.dx[m].empty() ? "undefined" : "defined",
+                        b.dx[m].empty() ? "undefined" : "defined"));
       const Tolerance tol = paths > 1 ? shared_gradient_tolerance(c.precision, paths, step_scale) : exact;
       const auto r =
           compare_values({label, {c.batch, c.seq, c.model.input_width()}, {"b", "t", "c"}}, t.dx[m], b.dx[m], tol);
@@ -106,8 +108,8 @@ Finding judge(const Observations& o) {
       Tolerance tol = exact;
       if (uses[k] > 1 && b.grad_defined[k])
         tol = shared_update_tolerance(shared_gradient_tolerance(c.precision, uses[k], step_scale), c.lr);
-      const auto r =
-          compare_values({p.name + " (after the step)", p.shape, dims_of(p)}, p.data, b.params_after.items[k].data, tol);
+      const auto r = compare_values({p.name + " (after the step)", p.shape, dims_of(p)}, p.data,
+                                    b.params_after.items[k].data, tol);
       if (!r.ok()) return failed(r);
     }
   }

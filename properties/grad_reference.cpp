@@ -53,10 +53,11 @@ ReferenceChecks reference_checks(const Observations& o) {
   const Case& c = o.c;
   if (!ref.computed) return {false, ref.why_not, {}};
   if (c.model.norm == NormKind::layer && c.model.d_model <= 2)
-    return {false,
-            "LayerNorm over d <= 2 features leaves only rounding noise in the gradients through it (its output does not "
-            "depend on its input)",
-            {}};
+    return {
+        false,
+        "LayerNorm over d <= 2 features leaves only rounding noise in the gradients through it (its output does not "
+        "depend on its input)",
+        {}};
   for (size_t s = 0; s < o.test.steps.size(); ++s) {
     const StepRecord& t = o.test.steps[s];
     const ExpectedStep &e64 = ref.fp64.at(s), &e32 = ref.fp32.at(s), &e32p = ref.fp32_perturbed.at(s);
@@ -78,10 +79,11 @@ ReferenceChecks reference_checks(const Observations& o) {
     }
     if (!c.input_frozen)
       for (size_t m = 0; m < t.dx.size(); ++m)
-        tensors.push_back({{fmt::format("x.grad (micro {})", m), {c.batch, c.seq, c.model.input_width()}, {"b", "t", "c"}},
-                           &t.dx[m],
-                           &e64.dx[m],
-                           {&e32.dx[m], &e32p.dx[m]}});
+        tensors.push_back(
+            {{fmt::format("x.grad (micro {})", m), {c.batch, c.seq, c.model.input_width()}, {"b", "t", "c"}},
+             &t.dx[m],
+             &e64.dx[m],
+             {&e32.dx[m], &e32p.dx[m]}});
     std::vector<const std::vector<double>*> all64;
     std::vector<Fp32Evaluations> all32;
     for (const auto& x : tensors) all64.push_back(x.e64), all32.push_back(x.e32);
@@ -104,10 +106,11 @@ ReferenceChecks reference_checks(const Observations& o) {
 }
 
 Property grad_reference_property() {
-  return {kName,
-          "losses, trainable parameter gradients and x.grad match the Eigen fp64 reference fed the first-forward masks, "
-          "within a bound from the reference's own fp32 evaluation (fp32 cases without gradient penalty)",
-          judge};
+  return {
+      kName,
+      "losses, trainable parameter gradients and x.grad match the Eigen fp64 reference fed the first-forward masks, "
+      "within a bound from the reference's own fp32 evaluation (fp32 cases without gradient penalty)",
+      judge};
 }
 
 }  // namespace ckv

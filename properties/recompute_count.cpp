@@ -45,11 +45,12 @@ Finding judge(const Observations& o) {
         else if (ckpt && most > 1)
           wrong = fmt::format("it was recomputed {} time(s) in one backward pass, expected once", most);
         else if (ckpt && o.grad_flows[s] && backward == 0)
-          wrong = "gradient should flow through it but it was never recomputed (its activations were kept, or it ran without a graph)";
+          wrong =
+              "gradient should flow through it but it was never recomputed (its activations were kept, or it ran "
+              "without a graph)";
         if (!wrong.empty())
-          return Finding::fail(kName, step,
-                               fmt::format("step {} micro {} segment {} ({})", step, m, s, describe(o.segments[s])),
-                               wrong);
+          return Finding::fail(
+              kName, step, fmt::format("step {} micro {} segment {} ({})", step, m, s, describe(o.segments[s])), wrong);
       }
   return Finding::pass(kName, fmt::format("{} segment(s) x {} step(s) x {} micro-batch(es) ran as often as expected",
                                           o.segments.size(), o.c.steps, o.c.micro));

@@ -34,8 +34,9 @@ Finding judge(const Observations& o) {
         kName, r.step, site,
         fmt::format("recomputed dropout mask differs from the first forward's at {} of {} known positions ({:.1f}%), "
                     "first at index {} (first forward {}, recompute {})",
-                    n, known.sum().item<int64_t>(), 100.0 * static_cast<double>(n) / static_cast<double>(r.mask.numel()),
-                    where.index(flat), f.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped",
+                    n, known.sum().item<int64_t>(),
+                    100.0 * static_cast<double>(n) / static_cast<double>(r.mask.numel()), where.index(flat),
+                    f.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped",
                     r.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped"));
   }
   if (compared == 0) return Finding::not_applicable(kName, "no dropout site with a non-zero rate was recomputed");

@@ -39,8 +39,8 @@ Tolerance baseline_tolerance(Precision p) {
 Tolerance shared_gradient_tolerance(Precision p, int uses, double step_scale) {
   const double atol = kSharedFactor * uses * accumulation_eps(p) * step_scale;
   return {0.0, atol,
-          fmt::format("contributions along {} paths may be summed in another order{}",
-                      uses, p == Precision::fp32 ? "" : " and in fp32 instead of the autocast dtype")};
+          fmt::format("contributions along {} paths may be summed in another order{}", uses,
+                      p == Precision::fp32 ? "" : " and in fp32 instead of the autocast dtype")};
 }
 
 Tolerance shared_update_tolerance(const Tolerance& gradient, double lr) {

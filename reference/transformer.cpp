@@ -33,7 +33,7 @@ struct Tensors {
       const Eigen::Index rows = a.shape.size() > 1 ? a.shape[0] : 1;
       const Eigen::Index cols = a.shape.size() > 1 ? a.shape[1] : a.shape[0];
       Mat v = Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(a.data.data(),
-                                                                                                      rows, cols)
+                                                                                                       rows, cols)
                   .template cast<S>();
       if (zero) v.setZero();
       t.m.emplace(a.name, std::move(v));
@@ -373,8 +373,8 @@ struct Model {
     const Eigen::Index N = static_cast<Eigen::Index>(B) * T;
     Forward fw;
     fw.layers.resize(static_cast<size_t>(c.layers));
-    fw.x = Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-               d.x.data(), N, c.input_width())
+    fw.x = Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(d.x.data(), N,
+                                                                                                    c.input_width())
                .template cast<S>();
     // The tied input projection: h0 = x @ head.weight, head.weight being (V, D).
     Mat h = c.tie == Tie::head ? Mat(fw.x * p.at("head.weight")) : fw.x;
@@ -406,9 +406,9 @@ struct Model {
       fw.loss = total / static_cast<S>(N);
       fw.dlogits /= static_cast<S>(N);
     } else {
-      const Mat y = Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-                        d.y.data(), N, V)
-                        .template cast<S>();
+      const Mat y =
+          Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(d.y.data(), N, V)
+              .template cast<S>();
       const Mat diff = fw.logits - y;
       fw.loss = diff.squaredNorm() / static_cast<S>(N * V);
       fw.dlogits = diff * (S(2) / static_cast<S>(N * V));

@@ -62,9 +62,9 @@ std::string to_console(const Report& r) {
     for (const auto& p : r.properties) {
       const int n = applied(r, p);
       out += fmt::format("{}{} on {}/{} cases{}\n", n > 0 ? "held  " : "NOT RUN ", p.name, p.held, n,
-                         p.not_applicable ? fmt::format(" (not applicable on {}, e.g. {})", p.not_applicable,
-                                                        p.not_applicable_why)
-                                          : "");
+                         p.not_applicable
+                             ? fmt::format(" (not applicable on {}, e.g. {})", p.not_applicable, p.not_applicable_why)
+                             : "");
     }
     if (r.time_budget_hit)
       out += fmt::format("time budget of {} s reached after {} of {} cases\n", r.time_budget_s, r.cases_run,

@@ -11,9 +11,9 @@
 namespace ckv::report {
 
 struct PropertyResult {
-  std::string name;        // "rng-replay", ...
-  int held = 0;            // cases on which it held
-  int not_applicable = 0;  // cases to which it did not apply (never counted as held)
+  std::string name;                // "rng-replay", ...
+  int held = 0;                    // cases on which it held
+  int not_applicable = 0;          // cases to which it did not apply (never counted as held)
   std::string not_applicable_why;  // the reason, from the first such case
   bool failed = false;
   std::string where, detail;  // of the failure, or a one-line summary when it held (repro)
@@ -39,7 +39,7 @@ struct Report {
   std::vector<PropertyResult> properties;
   std::optional<Failure> failure;
   std::string shrink_note;  // how shrinking ended ("shrunk in 12 steps", "stopped at the time budget")
-  std::string error;  // an internal problem that is neither a pass nor a property failure
+  std::string error;        // an internal problem that is neither a pass nor a property failure
   int exit_code = 0;
 };
 

@@ -95,12 +95,14 @@ TEST_P(Fault, IsKilledByItsPropertyOnlyWhereItsDimensionIs) {
   ASSERT_NE(info, nullptr) << d.fault;
   if (std::string(d.exposing).find("fp16") != std::string::npos && !compat::kCpuFp16Autocast)
     GTEST_SKIP() << "CPU fp16 autocast needs LibTorch >= 2.3 (the floor build has 1.13)";
+  if (const std::string why = unobservable_here(*info, "cpu"); !why.empty()) GTEST_SKIP() << why;
   ASSERT_NE(find_property(info->killed_by), nullptr) << "killed_by names no property: " << info->killed_by;
   auto impl = make_impl(d.fault);
   const Case c = demo_case(d.exposing, d.fault);
   const auto fs = check_case(c, *impl);
-  EXPECT_TRUE(finding(fs, info->killed_by).failed()) << d.fault << " survived " << info->killed_by << " on "
-                                                     << to_line(c) << "\n" << failures(fs);
+  EXPECT_TRUE(finding(fs, info->killed_by).failed())
+      << d.fault << " survived " << info->killed_by << " on " << to_line(c) << "\n"
+      << failures(fs);
   auto builtin = make_builtin();
   EXPECT_EQ(failures(check_case(demo_case(d.exposing, "builtin"), *builtin)), "") << "the builtin fails the demo case";
   if (*d.control) {
@@ -117,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(Catalogue, Fault, ::testing::ValuesIn(kDemos), [](const
 
 TEST(Faults, EveryCpuFaultHasADemonstration) {
   for (const auto& e : known_impls()) {
-    if (e.info.name == "builtin" || e.info.needs_cuda) continue;
+    if (e.info.name == "builtin" || e.info.needs_cuda) continue;  // CUDA-only: the test below
     bool found = false;
     for (const auto& d : kDemos) found |= e.info.name == d.fault;
     EXPECT_TRUE(found) << e.info.name << " has no demonstration case";

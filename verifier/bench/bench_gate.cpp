@@ -41,4 +41,11 @@ BENCHMARK(BM_PlainStep)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GateCase)->Unit(benchmark::kMillisecond);
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);  // as `ckverify` runs the gate
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

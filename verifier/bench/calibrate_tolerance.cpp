@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "properties/grad_reference.hpp"
 #include "properties/generators.hpp"
+#include "properties/grad_reference.hpp"
 #include "properties/tolerance.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/run.hpp"
@@ -24,25 +24,26 @@ using namespace ckv;
 namespace {
 rc::Gen<Case> gen_wide() {
   using namespace rc;
-  return gen::map(gen::tuple(gen::inRange(1, 25), gen::element(1, 2, 4), gen::element(1, 2, 4, 8, 16),
-                             gen::inRange(1, 17), gen::inRange(1, 33), gen::element(0.0, 0.5, 0.9, 0.99),
-                             gen::element(1e-8, 0.05, 1.0, 100.0), gen::inRange(1, 4), gen::inRange(1, 13),
-                             gen::inRange<uint64_t>(0, uint64_t{1} << 53), gen_case(CaseGenOptions{{}, "builtin", "cpu", false})),
-                  [](const auto& t) {
-                    Case c = std::get<10>(t);
-                    c.model.layers = std::get<0>(t);
-                    c.model.heads = std::get<1>(t);
-                    c.model.d_model = std::get<1>(t) * std::get<2>(t);
-                    c.model.ffn_mult = std::get<3>(t);
-                    c.model.vocab = std::get<4>(t);
-                    c.dropout = {std::get<5>(t), 0.0, std::get<5>(t), std::get<5>(t)};
-                    c.lr = std::get<6>(t);
-                    c.steps = std::get<7>(t);
-                    c.seq = std::get<8>(t);
-                    c.seed = std::get<9>(t);
-                    if (!c.plan.invalid_for(c.model.layers).empty()) c.plan = Plan{};
-                    return c;
-                  });
+  return gen::map(
+      gen::tuple(gen::inRange(1, 25), gen::element(1, 2, 4), gen::element(1, 2, 4, 8, 16), gen::inRange(1, 17),
+                 gen::inRange(1, 33), gen::element(0.0, 0.5, 0.9, 0.99), gen::element(1e-8, 0.05, 1.0, 100.0),
+                 gen::inRange(1, 4), gen::inRange(1, 13), gen::inRange<uint64_t>(0, uint64_t{1} << 53),
+                 gen_case(CaseGenOptions{{}, "builtin", "cpu", false})),
+      [](const auto& t) {
+        Case c = std::get<10>(t);
+        c.model.layers = std::get<0>(t);
+        c.model.heads = std::get<1>(t);
+        c.model.d_model = std::get<1>(t) * std::get<2>(t);
+        c.model.ffn_mult = std::get<3>(t);
+        c.model.vocab = std::get<4>(t);
+        c.dropout = {std::get<5>(t), 0.0, std::get<5>(t), std::get<5>(t)};
+        c.lr = std::get<6>(t);
+        c.steps = std::get<7>(t);
+        c.seq = std::get<8>(t);
+        c.seed = std::get<9>(t);
+        if (!c.plan.invalid_for(c.model.layers).empty()) c.plan = Plan{};
+        return c;
+      });
 }
 }  // namespace
 

@@ -79,8 +79,8 @@ struct Field {
 };
 
 json parse_int_text(const std::string& key, const std::string& v) {
-  const bool digits = !v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789", v[0] == '-' ? 1 : 0) ==
-                                                          std::string::npos && v != "-";
+  const bool digits = !v.empty() && v.size() <= 19 &&
+                      v.find_first_not_of("0123456789", v[0] == '-' ? 1 : 0) == std::string::npos && v != "-";
   if (!digits) fail(key + "=\"" + sanitize(v) + "\" is not an integer");
   return json(std::strtoll(v.c_str(), nullptr, 10));
 }
@@ -180,7 +180,8 @@ constexpr int kMaxDevice = 999;
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = [] {
     std::vector<Field> t;
-    t.push_back(int_field("layers", "Transformer blocks", 1, kMaxLayers, [](Case& c) -> int& { return c.model.layers; }));
+    t.push_back(
+        int_field("layers", "Transformer blocks", 1, kMaxLayers, [](Case& c) -> int& { return c.model.layers; }));
     t.push_back(int_field("d", "model width d_model (heads must divide it)", 1, 4096,
                           [](Case& c) -> int& { return c.model.d_model; }));
     t.push_back(int_field("heads", "attention heads", 1, 64, [](Case& c) -> int& { return c.model.heads; }));
@@ -211,8 +212,9 @@ const std::vector<Field>& fields() {
     t.push_back(enum_field("act", "FFN activation", kAct, [](Case& c) -> Activation& { return c.model.activation; }));
     t.push_back(enum_field("loss", "loss: cross-entropy or mean squared error", kLoss,
                            [](Case& c) -> LossKind& { return c.model.loss; }));
-    t.push_back(enum_field("tie", "weight tying: blocks share layer 0's parameters, or the head is also the input projection",
-                           kTie, [](Case& c) -> Tie& { return c.model.tie; }, false));
+    t.push_back(enum_field(
+        "tie", "weight tying: blocks share layer 0's parameters, or the head is also the input projection", kTie,
+        [](Case& c) -> Tie& { return c.model.tie; }, false));
     {
       Field f;
       f.key = "segio";
@@ -265,15 +267,16 @@ const std::vector<Field>& fields() {
     t.push_back(int_field("batch", "batch size per micro-batch", 1, 1024, [](Case& c) -> int& { return c.batch; }));
     t.push_back(int_field("seq", "sequence length", 1, 4096, [](Case& c) -> int& { return c.seq; }));
     t.push_back(int_field("steps", "optimizer steps", 1, 1000, [](Case& c) -> int& { return c.steps; }));
-    t.push_back(int_field("micro", "micro-batches accumulated per step (no zero_grad between them)", 1, 16,
-                          [](Case& c) -> int& { return c.micro; }, false));
-    t.push_back(enum_field("sched", "micro-batch order: forward+backward each, or all forwards then all backwards",
-                           kSched, [](Case& c) -> Schedule& { return c.sched; }, false));
+    t.push_back(int_field(
+        "micro", "micro-batches accumulated per step (no zero_grad between them)", 1, 16,
+        [](Case& c) -> int& { return c.micro; }, false));
+    t.push_back(enum_field(
+        "sched", "micro-batch order: forward+backward each, or all forwards then all backwards", kSched,
+        [](Case& c) -> Schedule& { return c.sched; }, false));
     t.push_back(double_field("lr", "SGD learning rate", 0.0, 1e6, true, true, [](Case& c) -> double& { return c.lr; }));
     {
-      Field f = bool_field("input", "whether the block-stack input x requires grad", [](Case& c) -> bool& {
-        return c.input_frozen;
-      });
+      Field f = bool_field("input", "whether the block-stack input x requires grad",
+                           [](Case& c) -> bool& { return c.input_frozen; });
       f.values = "trainable|frozen";
       f.get = [](const Case& c) { return json(c.input_frozen ? "frozen" : "trainable"); };
       f.set = [](Case& c, const json& j) {
@@ -285,12 +288,15 @@ const std::vector<Field>& fields() {
       f.print_text = [](const json& j) { return j.get<std::string>(); };
       t.push_back(f);
     }
-    t.push_back(enum_field("freeze", "frozen parameters: none, every other tensor (LoRA-style), or all block parameters",
-                           kFreeze, [](Case& c) -> Freeze& { return c.freeze; }, false));
-    t.push_back(enum_field("hook", "gradient hook on every trainable parameter: x0.5, or clamp to +-0.01", kHook,
-                           [](Case& c) -> Hook& { return c.hook; }, false));
-    t.push_back(double_field("gp", "gradient penalty weight: loss + gp * |dloss/dx|^2 through create_graph (0: none)",
-                             0.0, 1e6, false, true, [](Case& c) -> double& { return c.gp; }, false));
+    t.push_back(enum_field(
+        "freeze", "frozen parameters: none, every other tensor (LoRA-style), or all block parameters", kFreeze,
+        [](Case& c) -> Freeze& { return c.freeze; }, false));
+    t.push_back(enum_field(
+        "hook", "gradient hook on every trainable parameter: x0.5, or clamp to +-0.01", kHook,
+        [](Case& c) -> Hook& { return c.hook; }, false));
+    t.push_back(double_field(
+        "gp", "gradient penalty weight: loss + gp * |dloss/dx|^2 through create_graph (0: none)", 0.0, 1e6, false, true,
+        [](Case& c) -> double& { return c.gp; }, false));
     t.push_back(bool_field("inplace", "also modify a checkpointed segment's input in place before backward",
                            [](Case& c) -> bool& { return c.inplace; }));
     t.push_back(enum_field("prec", "precision: fp32, or the forward under bf16 / fp16 autocast", kPrec,
@@ -452,7 +458,8 @@ void validate(const Case& c) {
   if (m.d_model % m.heads != 0)
     fail("heads=" + std::to_string(m.heads) + " must divide d=" + std::to_string(m.d_model));
   if (const std::string e = c.plan.invalid_for(m.layers); !e.empty()) fail(e);
-  if (c.gp > 0.0 && c.input_frozen) fail("gp=" + shortest(c.gp) + " needs input=trainable (the penalty is on dloss/dx)");
+  if (c.gp > 0.0 && c.input_frozen)
+    fail("gp=" + shortest(c.gp) + " needs input=trainable (the penalty is on dloss/dx)");
   if (m.key_padding != (m.aux_weight > 0.0)) fail("segio: key padding and the aux loss come together (segio=multi)");
   constexpr double kMaxBytes = 32.0 * (1ull << 30);
   if (const double b = estimated_bytes(c); b > kMaxBytes)

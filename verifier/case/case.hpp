@@ -62,7 +62,7 @@ struct Case {
   int steps = 1;
   int micro = 1;  // micro-batches accumulated per optimizer step (no zero_grad between them)
   Schedule sched = Schedule::fb;
-  double lr = 0.05;  // SGD learning rate
+  double lr = 0.05;           // SGD learning rate
   bool input_frozen = false;  // the block-stack input x does not require grad (frozen embedding)
   Freeze freeze = Freeze::none;
   Hook hook = Hook::none;

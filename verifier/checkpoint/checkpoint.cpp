@@ -179,8 +179,9 @@ std::vector<torch::Tensor> checkpoint(const SegmentFunction& fn, std::vector<c10
 
 torch::Tensor checkpoint(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& x,
                          CheckpointOptions options) {
-  return checkpoint([fn](const std::vector<c10::IValue>& a) { return std::vector<torch::Tensor>{fn(a.at(0).toTensor())}; },
-                    {x}, options)
+  return checkpoint(
+             [fn](const std::vector<c10::IValue>& a) { return std::vector<torch::Tensor>{fn(a.at(0).toTensor())}; },
+             {x}, options)
       .at(0);
 }
 

@@ -26,8 +26,10 @@ void check_outputs(const std::vector<std::pair<std::string, std::string>>& outpu
     }
     const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
     std::error_code ec;
-    if (!fs::is_directory(dir, ec)) throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " does not exist");
-    if (::access(dir.c_str(), W_OK) != 0) throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " is not writable");
+    if (!fs::is_directory(dir, ec))
+      throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " does not exist");
+    if (::access(dir.c_str(), W_OK) != 0)
+      throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " is not writable");
     const fs::path canon = fs::weakly_canonical(fs::absolute(path), ec);
     for (const auto& [other, p] : seen)
       if (p == canon) throw UsageError(shown + ": the same file as " + other);

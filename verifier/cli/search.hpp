@@ -34,8 +34,8 @@ struct SearchResult {
   std::map<std::string, std::string> not_applicable_why;
   // A failure, when one was found:
   std::string property;
-  int failing_index = -1;  // the generated case that failed first (0-based)
-  Case failing_case;       // after shrinking
+  int failing_index = -1;         // the generated case that failed first (0-based)
+  Case failing_case;              // after shrinking
   std::vector<Finding> findings;  // of the shrunk Case
   int shrink_steps = 0, shrink_runs = 0;
   bool shrink_cut_short = false;

@@ -1,16 +1,20 @@
 // verifier/impls/registry.cpp: see registry.hpp.
 #include "verifier/impls/registry.hpp"
 
+#include <torch/version.h>
+
 #include <stdexcept>
 
 #include "verifier/case/case.hpp"
+#include "verifier/checkpoint/compat.hpp"
 #include "verifier/impls/faults/faults.hpp"
 
 namespace ckv {
 
 const std::vector<ImplEntry>& known_impls() {
   static const std::vector<ImplEntry> v = {
-      {{"builtin", "ckverify's own checkpoint (verifier/checkpoint/checkpoint.hpp)", "", ""}, [] { return make_builtin(); }},
+      {{"builtin", "ckverify's own checkpoint (verifier/checkpoint/checkpoint.hpp)", "", ""},
+       [] { return make_builtin(); }},
       faults::no_preserve_rng(),
       faults::cpu_rng_only(),
       faults::per_segment_state(),
@@ -29,6 +33,17 @@ const std::vector<ImplEntry>& known_impls() {
       faults::leaf_input_recompute(),
   };
   return v;
+}
+
+std::string unobservable_here(const ImplInfo& info, const std::string& device) {
+  if (info.needs_cuda && device == "cpu")
+    return "fault " + info.name + " only shows with a CUDA device (--device cuda)";
+  if (info.needs_fp16 && device == "cpu" && !compat::kCpuFp16Autocast)
+    return "fault " + info.name +
+           " only shows under fp16 autocast, which on CPU needs LibTorch >= 2.3 (this build has " + TORCH_VERSION + ")";
+  if (info.needs_torch2 && TORCH_VERSION_MAJOR < 2)
+    return "fault " + info.name + " only shows with LibTorch >= 2.0 (this build has " + TORCH_VERSION + ")";
+  return "";
 }
 
 const ImplInfo* find_impl(const std::string& name) {

@@ -15,11 +15,16 @@ namespace ckv {
 
 struct ImplInfo {
   std::string name;
-  std::string what;        // one line: what it does (wrong)
-  std::string killed_by;   // the property that must kill it ("" for builtin)
-  std::string exposed_by;  // the Case condition under which it misbehaves, in words
-  bool needs_cuda = false;  // only observable with a CUDA device
+  std::string what;           // one line: what it does (wrong)
+  std::string killed_by;      // the property that must kill it ("" for builtin)
+  std::string exposed_by;     // the Case condition under which it misbehaves, in words
+  bool needs_cuda = false;    // only observable with a CUDA device
+  bool needs_torch2 = false;  // only observable with LibTorch >= 2.0
+  bool needs_fp16 = false;    // only observable under fp16 autocast (on CPU: LibTorch >= 2.3)
 };
+
+// Why the implementation's fault cannot show on `device` with this build ("" when it can).
+std::string unobservable_here(const ImplInfo& info, const std::string& device);
 
 struct ImplEntry {
   ImplInfo info;

@@ -24,8 +24,7 @@ AttentionImpl::AttentionImpl(const ModelConfig& c) : c_(c) {
   wo_ = register_module("wo", torch::nn::Linear(c.d_model, c.d_model));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& key_valid, SiteTap& tap,
-                                     int layer) {
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& key_valid, SiteTap& tap, int layer) {
   const int64_t B = x.size(0), T = x.size(1), H = c_.heads, hs = c_.head_dim();
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, hs}).transpose(1, 2); };  // (B,H,T,hs)
   const torch::Tensor q = heads(wq_->forward(x)), k = heads(wk_->forward(x)), v = heads(wv_->forward(x));
@@ -109,7 +108,7 @@ torch::Tensor TransformerImpl::run_unit(const Unit& u, const torch::Tensor& h, c
   torch::Tensor out;
   switch (u.part) {
     case BlockPart::embed:
-      return torch::matmul(h, head_->weight);  // x (B,T,V) @ head.weight (V,D)
+      return torch::matmul(h.to(torch::kFloat), head_->weight);  // x (B,T,V) @ head.weight (V,D)
     case BlockPart::attn:
       return c_.attention ? attn_half(u.layer, h, key_valid) : h;
     case BlockPart::whole:
@@ -132,7 +131,8 @@ torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Te
   // the input projection's (tie=head), exactly the situation whose gradients a checkpoint can break.
   const torch::Tensor hn = norm_f_->forward(h);
   const torch::Tensor logits =
-      (torch::matmul(head_->weight, hn.transpose(-1, -2)).transpose(-1, -2) + head_->bias).to(torch::kFloat);
+      (torch::matmul(head_->weight, hn.to(torch::kFloat).transpose(-1, -2)).transpose(-1, -2) + head_->bias)
+          .to(torch::kFloat);
   if (c_.loss == LossKind::cross_entropy)
     return torch::nn::functional::cross_entropy(logits.reshape({-1, c_.vocab}), targets.reshape({-1}));
   return torch::nn::functional::mse_loss(logits, y);

@@ -48,7 +48,8 @@ torch::Tensor SiteTap::relu(const torch::Tensor& z, int layer) {
 }
 
 DropoutMasks reference_masks(const std::vector<SiteCall>& calls, const std::vector<ReluCall>& relu,
-                             const ModelConfig& cfg, const std::array<double, kNumDropoutSites>& p, int step, int micro) {
+                             const ModelConfig& cfg, const std::array<double, kNumDropoutSites>& p, int step,
+                             int micro) {
   DropoutMasks m = DropoutMasks::none(cfg.layers);
   m.p = p;
   for (const auto& r : relu) {

@@ -65,6 +65,7 @@ class SiteTap {
 // The decisions that the first forward of (step, micro) made, as the reference consumes them: the masks
 // of every site (sites without a mask, rate 0, stay identity) and the ReLU sides.
 DropoutMasks reference_masks(const std::vector<SiteCall>& calls, const std::vector<ReluCall>& relu,
-                             const ModelConfig& cfg, const std::array<double, kNumDropoutSites>& p, int step, int micro);
+                             const ModelConfig& cfg, const std::array<double, kNumDropoutSites>& p, int step,
+                             int micro);
 
 }  // namespace ckv

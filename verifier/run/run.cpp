@@ -40,7 +40,8 @@ std::vector<bool> trainable_mask(const Case& c, const ParamSet& layout) {
 }
 
 // Whether any input or parameter of each segment requires grad (so backward must reach through it).
-std::vector<bool> gradient_flow(const Case& c, const std::vector<Segment>& segments, const std::vector<bool>& trainable) {
+std::vector<bool> gradient_flow(const Case& c, const std::vector<Segment>& segments,
+                                const std::vector<bool>& trainable) {
   const ParamSet layout = param_layout(c.model);
   auto index_of = [&](const std::string& name) {
     for (size_t i = 0; i < layout.items.size(); ++i)
@@ -227,7 +228,8 @@ class Trainer {
       const int64_t start = args.at(2).toInt(), stop = args.at(3).toInt();
       const double aux_weight = args.at(4).toDouble();
       torch::Tensor sq_mean;
-      for (int64_t i = start; i < stop; ++i) h = model_.run_unit(units_.at(static_cast<size_t>(i)), h, key_valid, &sq_mean);
+      for (int64_t i = start; i < stop; ++i)
+        h = model_.run_unit(units_.at(static_cast<size_t>(i)), h, key_valid, &sq_mean);
       const torch::Tensor aux =
           sq_mean.defined() ? sq_mean * aux_weight : torch::zeros({}, torch::TensorOptions().device(device_));
       return {h, aux};
@@ -262,7 +264,8 @@ class Trainer {
         call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
         for (const Unit& u : seg.units)
           for (const auto& p : model_.unit_params(u))
-            if (std::none_of(call.params.begin(), call.params.end(), [&](const torch::Tensor& q) { return q.is_same(p); }))
+            if (std::none_of(call.params.begin(), call.params.end(),
+                             [&](const torch::Tensor& q) { return q.is_same(p); }))
               call.params.push_back(p);
         outs = impl_->run(call);
       } else {
@@ -397,7 +400,8 @@ GlobalState GlobalState::current() {
 void check_environment(const Case& c) {
   validate(c);
   if (c.device != "cpu") {
-    if (!torch::cuda::is_available()) throw EnvironmentError("device=" + c.device + ": no CUDA device is available here");
+    if (!torch::cuda::is_available())
+      throw EnvironmentError("device=" + c.device + ": no CUDA device is available here");
     const torch::Device d(c.device);
     if (d.has_index() && d.index() >= static_cast<int>(torch::cuda::device_count()))
       throw EnvironmentError("device=" + c.device + ": this machine has " +

@@ -42,12 +42,12 @@ struct SegmentCallRecord {
 };
 
 struct StepRecord {
-  std::vector<double> losses;              // per micro-batch (already scaled by 1/micro)
-  ParamSet grads;                          // after every backward pass of the step (zeros where undefined)
-  std::vector<bool> grad_defined;          // per parameter, layout order
-  std::vector<std::vector<double>> dx;     // per micro-batch: dloss/dx (empty when the input is frozen)
-  std::vector<int> hook_calls;             // per parameter: gradient hook calls during the step
-  ParamSet params_after;                   // after the optimizer update
+  std::vector<double> losses;           // per micro-batch (already scaled by 1/micro)
+  ParamSet grads;                       // after every backward pass of the step (zeros where undefined)
+  std::vector<bool> grad_defined;       // per parameter, layout order
+  std::vector<std::vector<double>> dx;  // per micro-batch: dloss/dx (empty when the input is frozen)
+  std::vector<int> hook_calls;          // per parameter: gradient hook calls during the step
+  ParamSet params_after;                // after the optimizer update
 };
 
 struct RunRecord {
@@ -113,7 +113,7 @@ struct Observations {
   int passes = 1;                // backward passes per micro-batch
   std::vector<bool> trainable;   // per parameter, layout order
   ParamSet initial_params;
-  std::vector<CaseData> data;    // per micro-batch
+  std::vector<CaseData> data;  // per micro-batch
   RunRecord baseline, test;
   ReferenceRecord reference;
   ThrowExperiment throw_exp;

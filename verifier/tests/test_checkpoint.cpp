@@ -40,7 +40,9 @@ bool same(const std::vector<torch::Tensor>& x, const std::vector<torch::Tensor>&
 TEST(Checkpoint, GradientsEqualThePlainRunBitwise) {
   Net n;
   const torch::Tensor x = torch::randn({3, 6}).requires_grad_(true);
-  auto fn = [&](const torch::Tensor& t) { return n.b->forward(torch::dropout(torch::gelu(n.a->forward(t)), 0.3, true)); };
+  auto fn = [&](const torch::Tensor& t) {
+    return n.b->forward(torch::dropout(torch::gelu(n.a->forward(t)), 0.3, true));
+  };
   torch::manual_seed(7);
   fn(x).pow(2).sum().backward();
   const auto plain = n.grads();
@@ -156,7 +158,8 @@ TEST(Checkpoint, InputModifiedInPlaceBeforeBackwardIsRefused) {
     out.sum().backward();
     FAIL() << "backward recomputed from a modified input";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("input 0 of the checkpointed segment was modified in place"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("input 0 of the checkpointed segment was modified in place"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -211,7 +214,8 @@ TEST(Checkpoint, SharedWeightUnderAutocastMatchesThePlainRunBitwise) {
     torch::Tensor out;
     {
       compat::ScopedAutocastState ac(bf16);
-      const torch::Tensor h = ckpt ? checkpoint([&](const torch::Tensor& t) { return n.a->forward(t); }, x) : n.a->forward(x);
+      const torch::Tensor h =
+          ckpt ? checkpoint([&](const torch::Tensor& t) { return n.a->forward(t); }, x) : n.a->forward(x);
       out = n.a->forward(h).to(torch::kFloat);  // the same weight outside the segment
     }
     out.sum().backward();
@@ -224,7 +228,8 @@ TEST(Checkpoint, SharedWeightUnderAutocastMatchesThePlainRunBitwise) {
 TEST(Checkpoint, BackwardLeavesTheRandomStreamAsItFoundIt) {
   Net n;
   const torch::Tensor x = torch::randn({8, 6}).requires_grad_(true);
-  const torch::Tensor out = checkpoint([&](const torch::Tensor& t) { return torch::dropout(n.a->forward(t), 0.5, true); }, x);
+  const torch::Tensor out =
+      checkpoint([&](const torch::Tensor& t) { return torch::dropout(n.a->forward(t), 0.5, true); }, x);
   torch::manual_seed(99);
   const torch::Tensor before = compat::default_generator(torch::Device(torch::kCPU)).get_state();
   out.sum().backward();

@@ -51,10 +51,10 @@ std::vector<Case> option_cases() {
   lab.model.ffn_mult = 4;
   out.push_back(lab);
   // The features the Case dimensions need.
-  for (const char* extra : {"tie=blocks plan=every2", "tie=head plan=block", "segio=multi plan=seg2 attn=bidir",
-                            "segio=multi plan=attn", "micro=3 sched=ffbb plan=block", "hook=scale plan=block",
-                            "hook=clip micro=2", "freeze=alt plan=block", "freeze=blocks input=frozen plan=block",
-                            "input=frozen tie=head segio=multi plan=ffn"}) {
+  for (const char* extra :
+       {"tie=blocks plan=every2", "tie=head plan=block", "segio=multi plan=seg2 attn=bidir", "segio=multi plan=attn",
+        "micro=3 sched=ffbb plan=block", "hook=scale plan=block", "hook=clip micro=2", "freeze=alt plan=block",
+        "freeze=blocks input=frozen plan=block", "input=frozen tie=head segio=multi plan=ffn"}) {
     out.push_back(case_from_line(to_line(base_case()) + " " + extra));
   }
   return out;

@@ -18,7 +18,7 @@ struct DefaultDtypeFrame : checkpoint_detail::RecomputeFrame {
 }  // namespace
 ImplEntry default_dtype_replay() {
   return {{"default-dtype-replay", "recomputes under autocast with the device's default dtype, not the forward's",
-           "autocast-replay", "prec=fp16 on CPU (bf16 on CUDA)"},
+           "autocast-replay", "prec=fp16 on CPU (bf16 on CUDA)", false, false, true},
           [] { return std::make_unique<FrameImpl<DefaultDtypeFrame>>(); }};
 }
 }  // namespace ckv::faults

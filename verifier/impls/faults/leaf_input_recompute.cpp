@@ -11,7 +11,7 @@ ImplEntry leaf_input_recompute() {
   v.leaf_inputs = true;
   return {{"leaf-input-recompute",
            "recomputes from detached leaf inputs, so autocast caches their casts (the bf16-ulp bug)", "grad-baseline",
-           "prec=bf16 with pos=post, a checkpointed segment that is not the first"},
+           "prec=bf16 with pos=post and a checkpointed segment that is not the first; gp>0"},
           [v] { return std::make_unique<ReentrantCheckpoint>(v); }};
 }
 }  // namespace ckv::faults

@@ -23,8 +23,8 @@ struct SingleRecomputeFrame : checkpoint_detail::RecomputeFrame {
 };
 }  // namespace
 ImplEntry single_recompute() {
-  return {{"single-recompute", "recomputes once per forward; a second backward through the segment fails",
-           "completes", "gp>0 (double backward)"},
+  return {{"single-recompute", "recomputes once per forward; a second backward through the segment fails", "completes",
+           "gp>0 (double backward)"},
           [] { return std::make_unique<FrameImpl<SingleRecomputeFrame>>(); }};
 }
 }  // namespace ckv::faults
