@@ -43,25 +43,28 @@ inline rc::Gen<double> gen_rate(bool force) {
 // divide it. Head dim 2 is left out: LayerNorm over 2 features is degenerate (ill-conditioned).
 inline rc::Gen<ModelConfig> gen_model() {
   using namespace rc;
-  return gen::map(gen::build<ModelConfig>(
-                      gen::set(&ModelConfig::layers, gen::inRange(1, 9)), gen::set(&ModelConfig::heads, pick(1, 2, 4)),
-                      gen::set(&ModelConfig::d_model, pick(4, 8)), gen::set(&ModelConfig::ffn_mult, gen::inRange(1, 5)),
-                      gen::set(&ModelConfig::vocab, gen::inRange(2, 12)),
-                      gen::set(&ModelConfig::norm, pick(NormKind::layer, NormKind::rms)),
-                      gen::set(&ModelConfig::placement, pick(NormPlacement::pre, NormPlacement::post)),
-                      gen::set(&ModelConfig::attention, pick(true, true, false)),
-                      gen::set(&ModelConfig::causal, gen::arbitrary<bool>()),
-                      gen::set(&ModelConfig::activation,
-                               pick(Activation::relu, Activation::gelu_tanh, Activation::gelu_erf, Activation::swiglu)),
-                      gen::set(&ModelConfig::loss, pick(LossKind::cross_entropy, LossKind::mse)),
-                      gen::set(&ModelConfig::tie,
-                               pick(Tie::none, Tie::none, Tie::none, Tie::none, Tie::none, Tie::blocks, Tie::head)),
-                      gen::set(&ModelConfig::key_padding, pick(false, false, true))),
-                  [](ModelConfig m) {
-                    m.d_model *= m.heads;
-                    m.aux_weight = m.key_padding ? kAuxWeight : 0.0;  // segio=multi
-                    return m;
-                  });
+  return gen::map(
+      gen::build<ModelConfig>(
+          gen::set(&ModelConfig::layers, gen::inRange(1, 9)), gen::set(&ModelConfig::heads, pick(1, 2, 4)),
+          gen::set(&ModelConfig::d_model, pick(4, 8)), gen::set(&ModelConfig::ffn_mult, gen::inRange(1, 5)),
+          gen::set(&ModelConfig::vocab, gen::inRange(2, 12)),
+          gen::set(&ModelConfig::norm, pick(NormKind::layer, NormKind::rms)),
+          gen::set(&ModelConfig::placement, pick(NormPlacement::pre, NormPlacement::post)),
+          gen::set(&ModelConfig::attention, pick(true, true, false)),
+          gen::set(&ModelConfig::causal, gen::arbitrary<bool>()),
+          gen::set(&ModelConfig::activation,
+                   pick(Activation::relu, Activation::gelu_tanh, Activation::gelu_erf, Activation::swiglu)),
+          gen::set(&ModelConfig::loss, pick(LossKind::cross_entropy, LossKind::mse)),
+          gen::set(&ModelConfig::tie,
+                   pick(Tie::none, Tie::none, Tie::none, Tie::none, Tie::none, Tie::blocks, Tie::head)),
+          gen::set(&ModelConfig::key_padding, pick(false, false, true)),
+          gen::set(&ModelConfig::effects, pick(0u, 0u, 0u, 0u, 0u, 0u, kCounter | kLog, kBatchNorm, kNoise, kCache,
+                                               kCounter | kLog | kBatchNorm | kNoise | kCache, kExternal))),
+      [](ModelConfig m) {
+        m.d_model *= m.heads;
+        m.aux_weight = m.key_padding ? kAuxWeight : 0.0;  // segio=multi
+        return m;
+      });
 }
 
 inline rc::Gen<Plan> gen_plan() {
@@ -101,7 +104,8 @@ inline rc::Gen<Case> gen_case(const CaseGenOptions& o) {
           gen::set(&Case::inplace, pick(false, false, false, false, true)),
           gen::set(&Case::precision, gen_precision(o)), gen::set(&Case::plan, plan)),
       [o](Case c) {
-        if (c.gp > 0.0) c.input_frozen = false;  // the penalty is on dloss/dx
+        if (c.gp > 0.0) c.input_frozen = false;                         // the penalty is on dloss/dx
+        if (c.model.has(kBatchNorm) && c.batch * c.seq < 2) c.seq = 2;  // BatchNorm needs two values per channel
         c.impl = o.impl;
         c.device = o.device;
         if (o.plan) {  // a fixed plan is kept as given: grow the stack until it fits

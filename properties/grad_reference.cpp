@@ -84,6 +84,14 @@ ReferenceChecks reference_checks(const Observations& o) {
              &t.dx[m],
              &e64.dx[m],
              {&e32.dx[m], &e32p.dx[m]}});
+    // BatchNorm's running statistics after the step, against the reference's model of their update.
+    for (size_t k = 0; k < e64.batchnorm.items.size(); ++k) {
+      const NamedArray& a = e64.batchnorm.items[k];
+      tensors.push_back({{a.name + " (after the step)", a.shape, {"i"}},
+                         &t.ledger.batchnorm.items.at(k).data,
+                         &a.data,
+                         {&e32.batchnorm.items.at(k).data, &e32p.batchnorm.items.at(k).data}});
+    }
     std::vector<const std::vector<double>*> all64;
     std::vector<Fp32Evaluations> all32;
     for (const auto& x : tensors) all64.push_back(x.e64), all32.push_back(x.e32);

@@ -1,7 +1,10 @@
 // properties/rng_replay.cpp: rng-replay. Every recomputed call of a dropout site drew the mask the first
 // forward drew, at every position whose mask is known (site_tap.hpp: native dropout hides the mask where
-// its input is exactly zero).
+// its input is exactly zero), and every recomputed noise module (fx=noise) drew the first forward's eps.
 #include <fmt/format.h>
+
+#include <map>
+#include <tuple>
 
 #include "properties/compare.hpp"
 #include "properties/property.hpp"
@@ -39,13 +42,43 @@ Finding judge(const Observations& o) {
                     f.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped",
                     r.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped"));
   }
-  if (compared == 0) return Finding::not_applicable(kName, "no dropout site with a non-zero rate was recomputed");
-  return Finding::pass(kName, fmt::format("{} recomputed mask(s) equal to the first forward's", compared));
+  // Noise modules: the recompute's eps must be the first forward's, bitwise (same generator position).
+  std::map<std::tuple<int, int, int>, const NoiseCall*> first_noise;
+  for (const NoiseCall& n : o.test.noise)
+    if (n.call == 0) first_noise[{n.step, n.micro, n.layer}] = &n;
+  size_t noise_compared = 0;
+  for (const NoiseCall& r : o.test.noise) {
+    if (r.call == 0) continue;
+    const std::string where = fmt::format("step {} micro {} layer{} noise call {}", r.step, r.micro, r.layer, r.call);
+    const auto it = first_noise.find({r.step, r.micro, r.layer});
+    if (it == first_noise.end())
+      return Finding::fail(kName, r.step, where, "a recompute call without a first-forward call");
+    const torch::Tensor diff = r.eps != it->second->eps;
+    const int64_t n = diff.sum().item<int64_t>();
+    ++noise_compared;
+    if (n == 0) continue;
+    const int64_t flat = diff.reshape({-1}).nonzero().index({0, 0}).item<int64_t>();
+    CompareResult at{{"eps", r.eps.sizes().vec(), {"b", "t", "c"}}, {}, {}};
+    return Finding::fail(
+        kName, r.step, where,
+        fmt::format("the recomputed noise differs from the first forward's at {} of {} positions, "
+                    "first at index {} (first forward {:.6g}, recompute {:.6g}): the recompute drew "
+                    "from a different generator position",
+                    n, r.eps.numel(), at.index(flat), it->second->eps.reshape({-1})[flat].item<double>(),
+                    r.eps.reshape({-1})[flat].item<double>()));
+  }
+  if (compared + noise_compared == 0)
+    return Finding::not_applicable(kName, "no dropout site with a non-zero rate and no noise module was recomputed");
+  return Finding::pass(kName, fmt::format("{} recomputed mask(s) and {} recomputed noise draw(s) equal to the first "
+                                          "forward's",
+                                          compared, noise_compared));
 }
 }  // namespace
 
 Property rng_replay_property() {
-  return {kName, "every recomputed dropout mask equals the first forward's, per site and micro-batch (known positions)",
+  return {kName,
+          "every recomputed dropout mask (known positions) and noise draw (fx=noise) equals the first forward's, per "
+          "site and micro-batch",
           judge};
 }
 

@@ -45,6 +45,10 @@ struct ModelConfig {
   bool key_padding = false;
   // Auxiliary loss: aux_weight * mean(y^2) of every block output y, added to the loss (0: none).
   double aux_weight = 0.0;
+  // Side-effecting modules after every block's FFN half (a bit set of Effect): they are what a
+  // checkpoint must apply once although it runs the forward twice.
+  unsigned effects = 0;
+  bool has(unsigned effect) const { return (effects & effect) != 0; }
 
   int head_dim() const { return d_model / heads; }
   int d_ff() const { return ffn_mult * d_model; }
@@ -57,6 +61,19 @@ struct ModelConfig {
 };
 
 inline constexpr double kNormEps = 1e-5;
+
+// The side-effecting modules. Applied in this order to a block's output y:
+//   bn:     BatchNorm over the features in training mode (batch statistics over the B*T rows), with
+//           running mean/var (momentum kBatchNormMomentum, unbiased variance) and a batch counter;
+//   noise:  y + kNoiseScale * eps, eps ~ N(0,1) drawn from the device's default generator;
+//   cache:  y * (1 + kCacheStep * k), k = how often this layer ran a forward earlier in the step (its
+//           behaviour depends on state it updated earlier in the same step);
+//   counter, log: count forwards / append a line per forward to a file (no effect on values);
+//   external: a counter and a log line that do not know about checkpoints (must never be checkpointed).
+enum Effect : unsigned { kCounter = 1, kLog = 2, kBatchNorm = 4, kNoise = 8, kCache = 16, kExternal = 32 };
+inline constexpr double kBatchNormMomentum = 0.1;
+inline constexpr double kNoiseScale = 0.01;
+inline constexpr double kCacheStep = 0.01;
 
 // Keys visible to batch element b of a sequence of length T under key padding (at least one).
 inline int key_length(int b, int T) {

@@ -81,6 +81,10 @@ ParamSet param_layout(const ModelConfig& c) {
     add_linear(p, L + ".ffn.fc1", c.d_ff(), c.d_model);
     if (c.activation == Activation::swiglu) add_linear(p, L + ".ffn.gate", c.d_ff(), c.d_model);
     add_linear(p, L + ".ffn.fc2", c.d_model, c.d_ff());
+    if (c.has(kBatchNorm)) {
+      add(p, L + ".bn.weight", {c.d_model});
+      add(p, L + ".bn.bias", {c.d_model});
+    }
   }
   add_norm(p, c, "norm_f");
   add_linear(p, "head", c.vocab, c.d_model);
@@ -101,7 +105,7 @@ std::vector<std::string> part_param_names(const ModelConfig& c, ModelPart part, 
       if (c.attention) with_prefix({L + "norm1.", L + "attn."});
       break;
     case ModelPart::block_ffn:
-      with_prefix({L + "norm2.", L + "ffn."});
+      with_prefix({L + "norm2.", L + "ffn.", L + "bn."});
       break;
     case ModelPart::input_projection:
       if (c.tie == Tie::head) out.push_back("head.weight");
@@ -117,7 +121,7 @@ ParamSet make_params(const ModelConfig& c, uint64_t seed) {
   ParamSet p = param_layout(c);
   for (auto& a : p.items) {
     SplitMix64 rng(stream_seed(seed, a.name));
-    const bool is_norm = a.name.find("norm") != std::string::npos;
+    const bool is_norm = a.name.find("norm") != std::string::npos || a.name.find(".bn.") != std::string::npos;
     const bool is_weight = a.name.size() > 7 && a.name.compare(a.name.size() - 7, 7, ".weight") == 0;
     for (auto& v : a.data) {
       double x;

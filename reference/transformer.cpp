@@ -60,6 +60,7 @@ struct Model {
   int B, T;
   const DropoutMasks& dm;
   const ReferenceFaults& f;
+  int earlier_forwards;
 
   std::string block(int layer) const { return "layer" + std::to_string(c.param_layer(layer)) + "."; }
 
@@ -110,6 +111,36 @@ struct Model {
       if (c.norm == NormKind::layer) d.array() -= dxhat.row(i).mean();
       din.row(i) += d * nc.rstd(i);
     }
+  }
+
+  // ---- BatchNorm over the rows (batch statistics), per feature: (x-mean)*rstd*w+b ----
+  struct BnCache {
+    Mat xhat;  // (N,C)
+    RowVec rstd, mean, var_unbiased;
+  };
+  Mat bn_forward(BnCache& bc, const Mat& in, const std::string& pre) const {
+    const Eigen::Index n = in.rows();
+    bc.mean = in.colwise().mean();
+    const Mat centred = in.rowwise() - bc.mean;
+    const RowVec var = centred.colwise().squaredNorm() / static_cast<S>(n);
+    bc.var_unbiased = n > 1 ? RowVec(centred.colwise().squaredNorm() / static_cast<S>(n - 1)) : var;
+    bc.rstd = (var.array() + static_cast<S>(kNormEps)).rsqrt();
+    bc.xhat = centred.array().rowwise() * bc.rstd.array();
+    Mat out = bc.xhat.array().rowwise() * p.at(pre + ".weight").row(0).array();
+    out.rowwise() += p.at(pre + ".bias").row(0);
+    return out;
+  }
+  // Returns din given dout.
+  Mat bn_backward(const Mat& dout, const BnCache& bc, const std::string& pre) {
+    const S n = static_cast<S>(dout.rows());
+    g->at(pre + ".weight") += (dout.array() * bc.xhat.array()).colwise().sum().matrix();
+    g->at(pre + ".bias") += dout.colwise().sum();
+    const Mat dxhat = dout.array().rowwise() * p.at(pre + ".weight").row(0).array();
+    const RowVec sum_d = dxhat.colwise().sum();
+    const RowVec sum_dx = (dxhat.array() * bc.xhat.array()).colwise().sum();
+    Mat din = (dxhat * n).rowwise() - sum_d;
+    din -= Mat(bc.xhat.array().rowwise() * sum_dx.array());
+    return din.array().rowwise() * (bc.rstd.array() / n);
   }
 
   // ---- dropout with a caller-given mask: out = in * mask / (1-p) ----
@@ -358,7 +389,27 @@ struct Model {
 
   struct LayerCache {
     SubCache attn, ffn;
+    BnCache bn;
   };
+  S cache_scale() const { return S(1) + static_cast<S>(kCacheStep) * static_cast<S>(earlier_forwards); }
+  // The value-changing effects after a block's FFN half (config.hpp: BatchNorm, noise, cache).
+  Mat effects_forward(LayerCache& lc, Mat y, int layer) const {
+    if (c.has(kBatchNorm)) y = bn_forward(lc.bn, y, block(layer) + "bn");
+    if (c.has(kNoise) && !dm.noise.empty() && !dm.noise.at(static_cast<size_t>(layer)).empty()) {
+      const auto& eps = dm.noise[static_cast<size_t>(layer)];
+      if (eps.size() != static_cast<size_t>(y.size()))
+        throw std::invalid_argument("noise at layer " + std::to_string(layer) + " has the wrong size");
+      for (Eigen::Index i = 0; i < y.size(); ++i)
+        y.data()[i] += static_cast<S>(kNoiseScale) * static_cast<S>(eps[static_cast<size_t>(i)]);
+    }
+    if (c.has(kCache)) y *= cache_scale();
+    return y;
+  }
+  Mat effects_backward(const LayerCache& lc, Mat dy, int layer) {
+    if (c.has(kCache)) dy *= cache_scale();
+    if (c.has(kBatchNorm)) dy = bn_backward(dy, lc.bn, block(layer) + "bn");
+    return dy;
+  }
   struct Forward {
     Mat x;  // (N, input_width)
     std::vector<LayerCache> layers;
@@ -383,7 +434,7 @@ struct Model {
     for (int l = 0; l < c.layers; ++l) {
       auto& lc = fw.layers[static_cast<size_t>(l)];
       if (c.attention) h = sub_forward(lc.attn, Sub::attn, h, l);
-      h = sub_forward(lc.ffn, Sub::ffn, h, l);
+      h = effects_forward(lc, sub_forward(lc.ffn, Sub::ffn, h, l), l);
       if (c.aux_weight != 0.0) aux += aux_coeff * h.squaredNorm();
       fw.layer_out.push_back(h);
     }
@@ -429,7 +480,7 @@ struct Model {
     for (int l = c.layers - 1; l >= 0; --l) {
       const auto& lc = fw.layers[static_cast<size_t>(l)];
       if (c.aux_weight != 0.0) dh += aux_grad * fw.layer_out[static_cast<size_t>(l)];
-      dh = sub_backward(dh, lc.ffn, Sub::ffn, l);
+      dh = sub_backward(effects_backward(lc, dh, l), lc.ffn, Sub::ffn, l);
       if (c.attention) dh = sub_backward(dh, lc.attn, Sub::attn, l);
     }
     if (c.tie != Tie::head) return dh;
@@ -447,13 +498,15 @@ void check_inputs(const ModelConfig& c, const ParamSet& p, const CaseData& d, co
     throw std::invalid_argument("reference: dropout masks must be given for every layer or none");
   if (!dm.relu.empty() && dm.relu.size() != static_cast<size_t>(c.layers))
     throw std::invalid_argument("reference: relu patterns must be given for every layer or none");
+  if (!dm.noise.empty() && dm.noise.size() != static_cast<size_t>(c.layers))
+    throw std::invalid_argument("reference: noise must be given for every layer or none");
   for (const auto& a : param_layout(c).items)
     if (!p.contains(a.name) || p.at(a.name).data.size() != a.data.size())
       throw std::invalid_argument("reference: parameter " + a.name + " is missing or has the wrong size");
 }
 
-template <class S>
-std::vector<double> flat(const typename Types<S>::Mat& m) {
+template <class S, class M>
+std::vector<double> flat(const M& m) {
   std::vector<double> out(static_cast<size_t>(m.size()));
   for (Eigen::Index i = 0; i < m.size(); ++i) out[static_cast<size_t>(i)] = static_cast<double>(m.data()[i]);
   return out;
@@ -464,7 +517,7 @@ ReferenceResult forward_backward(const ModelConfig& cfg, const ParamSet& params,
                                  const DropoutMasks& masks, const ReferenceOptions& o, bool with_backward) {
   check_inputs(cfg, params, data, masks);
   Tensors<S> grads = Tensors<S>::from(params, /*zero=*/true);
-  Model<S> m{cfg, Tensors<S>::from(params, false), &grads, data.batch, data.seq, masks, o.faults};
+  Model<S> m{cfg, Tensors<S>::from(params, false), &grads, data.batch, data.seq, masks, o.faults, o.earlier_forwards};
   const S scale = static_cast<S>(o.loss_scale);
   const auto fw = m.run_forward(data, scale);
   ReferenceResult r;
@@ -472,6 +525,11 @@ ReferenceResult forward_backward(const ModelConfig& cfg, const ParamSet& params,
   if (!with_backward) return r;
   r.logits = flat<S>(fw.logits);
   for (const auto& lo : fw.layer_out) r.layer_out.push_back(flat<S>(lo));
+  if (cfg.has(kBatchNorm))
+    for (const auto& lc : fw.layers) {
+      r.bn_mean.push_back(flat<S>(lc.bn.mean));
+      r.bn_var.push_back(flat<S>(lc.bn.var_unbiased));
+    }
   r.dx = flat<S>(m.run_backward(fw, scale));
   r.grads = zeros_like(params);
   for (auto& a : r.grads.items) a.data = flat<S>(grads.at(a.name));

@@ -13,6 +13,8 @@
 //       then wo. Key padding: batch element b sees keys j < key_length(b, T) only.
 // FFN:  fc2(drop_fh(act(fc1(u))))  or, for SwiGLU, fc2(drop_fh(silu(gate(u)) * fc1(u))).
 // Dropout at rate p: out = in * mask * (1 / (1 - p)), mask in {0,1}.
+// Effects: after each block's FFN half, the side-effecting modules of config.hpp that change values
+//        (BatchNorm, noise with caller-given eps, the cache's scale).
 // Loss:  head loss (cross-entropy or MSE, mean) + sum over blocks of aux_weight * mean(y^2), all times
 //        loss_scale (1/M for M accumulated micro-batches).
 #pragma once
@@ -39,6 +41,8 @@ struct DropoutMasks {
   std::vector<std::array<std::vector<double>, kNumDropoutSites>> masks;
   // relu[layer]: (B,T,Dff) 1 where fc1's output was positive; empty: decided from the value itself.
   std::vector<std::vector<double>> relu;
+  // noise[layer]: (B,T,D) the eps the noise module drew (Effect kNoise); empty: no noise there.
+  std::vector<std::vector<double>> noise;
   static DropoutMasks none(int layers);
 };
 
@@ -57,6 +61,7 @@ struct ReferenceOptions {
   ReferenceFaults faults;
   RefScalar scalar = RefScalar::fp64;
   double loss_scale = 1.0;
+  int earlier_forwards = 0;  // forwards each layer ran earlier in the step (the cache module's k)
 };
 
 struct ReferenceResult {
@@ -65,6 +70,9 @@ struct ReferenceResult {
   std::vector<double> dx;                      // (B,T,input_width) gradient of the loss w.r.t. x
   std::vector<double> logits;                  // (B,T,V)
   std::vector<std::vector<double>> layer_out;  // per layer, (B,T,D) block outputs
+  // Per layer, with Effect kBatchNorm: the batch mean and unbiased variance BatchNorm saw (D each), from
+  // which the caller models the running statistics.
+  std::vector<std::vector<double>> bn_mean, bn_var;
 };
 
 // Forward only (for finite differences).

@@ -69,6 +69,8 @@ const char* kBase = "layers=3 d=8 heads=2 ffn=2 vocab=5 drop=0.2,0.2,0.3,0.2 bat
 const FaultDemo kDemos[] = {
     {"no-preserve-rng", "", "drop=0"},
     {"per-segment-state", "micro=2 sched=ffbb", "micro=2 sched=fb"},
+    {"replays-effects", "fx=counter,log,bn,cache micro=2", "fx=noise micro=2"},
+    {"rng-left-advanced", "fx=noise drop=0", "drop=0"},
     {"no-autocast-replay", "prec=bf16", "prec=fp32"},
     {"default-dtype-replay", "prec=fp16", "prec=bf16"},
     {"recompute-twice", "", ""},
@@ -134,6 +136,58 @@ TEST(Faults, CpuRngOnlyIsKilledOnCuda) {
   c.device = "cuda";
   auto impl = make_impl(c.impl);
   EXPECT_TRUE(finding(check_case(c, *impl), "rng-replay").failed());
+}
+
+// ---- side effects ----
+
+// The builtin applies every recompute-aware effect once per forward, with every plan shape, both
+// micro-batch schedules and under autocast; the ledger equals the non-checkpointed run's.
+TEST(SideEffects, BuiltinAppliesEachEffectOnce) {
+  auto builtin = make_builtin();
+  for (const char* keys : {"fx=counter", "fx=log", "fx=bn", "fx=cache", "fx=noise",
+                           "fx=counter,log,bn,cache,noise micro=2 sched=ffbb plan=seg2",
+                           "fx=counter,log,bn,cache,noise micro=2 sched=fb plan=every2 prec=bf16",
+                           "fx=bn,noise plan=ffn", "fx=bn,cache plan=from1 gp=0.1"}) {
+    const Case c = demo_case(keys, "builtin");
+    const auto fs = check_case(c, *builtin);
+    EXPECT_EQ(failures(fs), "") << to_line(c);
+    EXPECT_TRUE(finding(fs, "side-effect-once").applicable) << to_line(c);
+  }
+}
+
+// Each effect kind, replayed, is named by side-effect-once with its module and layer.
+TEST(SideEffects, ReplayedEffectsAreNamedPerKind) {
+  auto impl = make_impl("replays-effects");
+  for (const auto& [fx, where] : std::vector<std::pair<const char*, const char*>>{
+           {"fx=counter", "counter"}, {"fx=log", "log"}, {"fx=bn", "running"}, {"fx=cache", "cache"}}) {
+    const Case c = demo_case(fx, "replays-effects");
+    const Finding& f = finding(check_case(c, *impl), "side-effect-once");
+    EXPECT_TRUE(f.failed()) << fx;
+    EXPECT_NE((f.where + f.detail).find(where), std::string::npos) << fx << ": " << f.where << ": " << f.detail;
+  }
+}
+
+// Noise re-drawn in the recompute is a replay failure, named at the noise module.
+TEST(SideEffects, RedrawnNoiseIsKilledByRngReplay) {
+  auto impl = make_impl("no-preserve-rng");
+  const Finding& f = finding(check_case(demo_case("fx=noise drop=0", "no-preserve-rng"), *impl), "rng-replay");
+  EXPECT_TRUE(f.failed());
+  EXPECT_NE(f.where.find("noise"), std::string::npos) << f.where;
+}
+
+// A module that does not know about recomputation cannot be made safe by any checkpoint: when a Case
+// checkpoints it, side-effect-once says so (not applicable) rather than failing the implementation;
+// outside checkpointed segments it is checked like the others.
+TEST(SideEffects, ExternalEffectsInsideACheckpointAreReportedNotBlamed) {
+  auto builtin = make_builtin();
+  const auto inside = check_case(demo_case("fx=external", "builtin"), *builtin);
+  EXPECT_EQ(failures(inside), "");
+  const Finding& f = finding(inside, "side-effect-once");
+  EXPECT_FALSE(f.applicable);
+  EXPECT_NE(f.detail.find("must never be checkpointed"), std::string::npos) << f.detail;
+  const auto outside = check_case(demo_case("fx=external plan=none", "builtin"), *builtin);
+  EXPECT_EQ(failures(outside), "");
+  EXPECT_TRUE(finding(outside, "side-effect-once").applicable);
 }
 
 // ---- false positives found on earlier versions ----

@@ -87,6 +87,7 @@ struct Feature {
   bool padding;
   double aux;
   NormPlacement placement;
+  unsigned effects = 0;
 };
 class FeatureFiniteDifference : public ::testing::TestWithParam<Feature> {};
 TEST_P(FeatureFiniteDifference, EveryGradientMatchesCentralDifferences) {
@@ -96,8 +97,18 @@ TEST_P(FeatureFiniteDifference, EveryGradientMatchesCentralDifferences) {
   c.key_padding = GetParam().padding;
   c.aux_weight = GetParam().aux;
   c.placement = GetParam().placement;
-  const Fixture f = make_fixture(c);
-  const FdReport r = finite_difference_check(c, f.params, f.data, f.masks, ReferenceOptions{{}, RefScalar::fp64, 0.5});
+  c.effects = GetParam().effects;
+  Fixture f = make_fixture(c);
+  if (c.has(kNoise)) {  // the noise module's eps, as LibTorch's first forward would have drawn them
+    SplitMix64 rng(99);
+    f.masks.noise.resize(static_cast<size_t>(c.layers));
+    for (auto& e : f.masks.noise) {
+      e.resize(static_cast<size_t>(f.data.batch * f.data.seq * c.d_model));
+      for (auto& v : e) v = rng.normal();
+    }
+  }
+  const FdReport r =
+      finite_difference_check(c, f.params, f.data, f.masks, ReferenceOptions{{}, RefScalar::fp64, 0.5, 2});
   ASSERT_EQ(r.tensors.size(), f.params.items.size() + 1);
   EXPECT_LE(r.worst().rel_err, kFdThreshold) << r.describe();
 }
@@ -105,7 +116,10 @@ INSTANTIATE_TEST_SUITE_P(Features, FeatureFiniteDifference,
                          ::testing::Values(Feature{"tie_blocks", Tie::blocks, false, 0.0, NormPlacement::pre},
                                            Feature{"tie_head", Tie::head, false, 0.0, NormPlacement::post},
                                            Feature{"padding_aux", Tie::none, true, 0.05, NormPlacement::pre},
-                                           Feature{"all", Tie::head, true, 0.01, NormPlacement::post}),
+                                           Feature{"all", Tie::head, true, 0.01, NormPlacement::post},
+                                           Feature{"batchnorm", Tie::none, false, 0.0, NormPlacement::pre, kBatchNorm},
+                                           Feature{"effects_tied", Tie::blocks, false, 0.0, NormPlacement::post,
+                                                   kBatchNorm | kNoise | kCache | kCounter}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 TEST(Features, TiedBlocksShareOneParameterSet) {

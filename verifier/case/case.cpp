@@ -60,6 +60,12 @@ constexpr Names<Activation, 4> kAct{{{Activation::relu, "relu"},
                                      {Activation::swiglu, "swiglu"}}};
 constexpr Names<LossKind, 2> kLoss{{{LossKind::cross_entropy, "ce"}, {LossKind::mse, "mse"}}};
 constexpr Names<Tie, 3> kTie{{{Tie::none, "none"}, {Tie::blocks, "blocks"}, {Tie::head, "head"}}};
+constexpr std::array<std::pair<unsigned, std::string_view>, 6> kEffects{{{kCounter, "counter"},
+                                                                         {kLog, "log"},
+                                                                         {kBatchNorm, "bn"},
+                                                                         {kNoise, "noise"},
+                                                                         {kCache, "cache"},
+                                                                         {kExternal, "external"}}};
 
 template <class E, size_t N>
 std::string_view name_of(const Names<E, N>& t, E v) {
@@ -262,6 +268,20 @@ const std::vector<Field>& fields() {
       };
       t.push_back(f);
     }
+    {
+      Field f;
+      f.key = "fx";
+      f.values = "none|counter,log,bn,noise,cache,external";
+      f.help = "side-effecting modules after every block's FFN half (a comma list; see README, Side effects)";
+      f.always = false;
+      f.get = [](const Case& c) { return json(effects_to_string(c.model.effects)); };
+      f.set = [](Case& c, const json& j) {
+        std::string err;
+        if (!j.is_string() || !effects_from_string(j.get<std::string>(), c.model.effects, err))
+          fail("fx=" + quoted(j) + " " + (err.empty() ? "must be a string" : err));
+      };
+      t.push_back(f);
+    }
     t.push_back(enum_field("dropimpl", "dropout: ckverify's explicit bernoulli mask, or torch::dropout", kDropImpl,
                            [](Case& c) -> DropoutImpl& { return c.dropout_impl; }));
     t.push_back(int_field("batch", "batch size per micro-batch", 1, 1024, [](Case& c) -> int& { return c.batch; }));
@@ -396,6 +416,31 @@ Case from_object(const json& j) {
 
 }  // namespace
 
+std::string effects_to_string(unsigned effects) {
+  std::string out;
+  for (const auto& [bit, name] : kEffects)
+    if (effects & bit) out += (out.empty() ? "" : ",") + std::string(name);
+  return out.empty() ? "none" : out;
+}
+
+bool effects_from_string(const std::string& s, unsigned& out, std::string& error) {
+  unsigned effects = 0;
+  if (s != "none") {
+    std::stringstream ps(s);
+    for (std::string part; std::getline(ps, part, ',');) {
+      bool found = false;
+      for (const auto& [bit, name] : kEffects)
+        if (part == name) effects |= bit, found = true;
+      if (!found) {
+        error = "is not none or a comma list of counter|log|bn|noise|cache|external";
+        return false;
+      }
+    }
+  }
+  out = effects;
+  return true;
+}
+
 std::string sanitize(const std::string& s, size_t max) {
   std::string out;
   for (unsigned char ch : s) {
@@ -461,6 +506,10 @@ void validate(const Case& c) {
   if (c.gp > 0.0 && c.input_frozen)
     fail("gp=" + shortest(c.gp) + " needs input=trainable (the penalty is on dloss/dx)");
   if (m.key_padding != (m.aux_weight > 0.0)) fail("segio: key padding and the aux loss come together (segio=multi)");
+  if (m.has(kBatchNorm) && c.batch * c.seq < 2)
+    fail(
+        "fx=bn needs batch x seq >= 2: BatchNorm's statistics over one value are undefined (the unbiased running "
+        "variance is 0/0, and training-mode BatchNorm refuses one value per channel)");
   constexpr double kMaxBytes = 32.0 * (1ull << 30);
   if (const double b = estimated_bytes(c); b > kMaxBytes)
     fail("the case needs about " + shortest(std::round(b / (1 << 30))) +
@@ -488,7 +537,7 @@ Case case_from_line(const std::string& line) {
     const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
     const Field* f = find_field(k);
     if (!f) fail("unknown key \"" + sanitize(k) + "\" (allowed: " + all_keys() + ")");
-    j[k] = f->parse_text(v);
+    j[k] = f->parse_text(v);  // a later key overrides an earlier one (a base line plus overrides)
   }
   return from_object(j);
 }

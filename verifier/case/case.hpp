@@ -103,6 +103,11 @@ Case case_from_json(const std::string& text);  // throws CaseError (malformed JS
 // Reads a Case file: a regular file of at most 1 MiB, JSON nested at most a few levels; throws CaseError.
 Case load_case_file(const std::string& path);
 
+// The side-effecting modules of a model (reference/config.hpp, Effect) as the Case line spells them:
+// "none" or a comma list in a fixed order ("counter,bn").
+std::string effects_to_string(unsigned effects);
+bool effects_from_string(const std::string& s, unsigned& out, std::string& error);
+
 // Messages quote user text through this: one printable line, at most `max` characters.
 std::string sanitize(const std::string& s, size_t max = 80);
 

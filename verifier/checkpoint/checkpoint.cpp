@@ -79,6 +79,7 @@ void RecomputeFrame::capture_state() {
 std::vector<torch::Tensor> RecomputeFrame::run_forward() {
   capture_state();
   SavedTensorHooksScope hooks([self = shared_from_this()] { return forward_hooks(self); });
+  SegmentScope scope(segment_state_, /*recomputing=*/false);
   return fn_(args_);
 }
 
@@ -158,6 +159,7 @@ void RecomputeFrame::replay_rng() const {
 void RecomputeFrame::run_fn_collecting() {
   recomputed_.clear();
   SavedTensorHooksScope hooks([this] { return std::make_unique<CollectHooks>(&recomputed_); });
+  SegmentScope scope(segment_state_, marks_recompute());
   fn_(args_);  // the outputs (and the recompute's graph) are dropped here
 }
 

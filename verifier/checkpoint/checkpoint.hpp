@@ -17,7 +17,9 @@
 //     backward leaves the random stream as it found it) and runs under the forward's autocast state
 //     (enabled flag and dtype per device type) with grad enabled; all of it is restored when the
 //     recompute throws;
-//   - called with grad disabled it simply runs fn.
+//   - called with grad disabled it simply runs fn;
+//   - modules inside fn can tell the recompute from the first forward, and keep state between them
+//     (segment_scope.hpp), so counters, logs and running statistics take effect once.
 // Where it differs from torch.utils.checkpoint(use_reentrant=False), and why:
 //   - every saved tensor's version counter is checked before the recompute (torch checks only the
 //     inputs): a parameter changed in place between forward and backward (an optimizer step taken
@@ -36,6 +38,8 @@
 #include <functional>
 #include <stdexcept>
 #include <vector>
+
+#include "verifier/checkpoint/segment_scope.hpp"
 
 namespace ckv {
 

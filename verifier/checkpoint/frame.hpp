@@ -20,6 +20,7 @@
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/checkpoint/compat.hpp"
 #include "verifier/checkpoint/rng.hpp"
+#include "verifier/checkpoint/segment_scope.hpp"
 
 namespace ckv::checkpoint_detail {
 
@@ -53,8 +54,11 @@ class RecomputeFrame : public std::enable_shared_from_this<RecomputeFrame> {
   virtual void replay_rng() const;
   // The autocast state the recompute runs under.
   virtual compat::AutocastState recompute_autocast() const { return forward_autocast_; }
-  // fn(args) with hooks that store every saved tensor into recomputed_.
+  // fn(args) with hooks that store every saved tensor into recomputed_, inside a SegmentScope that
+  // tells the modules in fn whether this is a recompute (segment_scope.hpp).
   void run_fn_collecting();
+  // Whether the recompute tells the modules it is one (false only in a fault that replays effects).
+  virtual bool marks_recompute() const { return true; }
 
   SegmentFunction fn_;
   std::vector<c10::IValue> args_;
@@ -65,6 +69,7 @@ class RecomputeFrame : public std::enable_shared_from_this<RecomputeFrame> {
   std::vector<std::pair<size_t, c10::VariableVersion>> arg_versions_;  // (arg index, counter)
   std::vector<uint32_t> arg_saved_versions_;
   std::vector<torch::Tensor> recomputed_;
+  SegmentState segment_state_;
   std::mutex mutex_;
 };
 

@@ -18,6 +18,8 @@ const std::vector<ImplEntry>& known_impls() {
       faults::no_preserve_rng(),
       faults::cpu_rng_only(),
       faults::per_segment_state(),
+      faults::replays_effects(),
+      faults::rng_left_advanced(),
       faults::no_autocast_replay(),
       faults::default_dtype_replay(),
       faults::recompute_twice(),

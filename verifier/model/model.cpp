@@ -2,6 +2,9 @@
 #include "verifier/model/model.hpp"
 
 #include <cmath>
+#include <fstream>
+
+#include "verifier/checkpoint/segment_scope.hpp"
 
 namespace ckv {
 
@@ -15,6 +18,30 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   // RMSNorm in fp32 whatever autocast does, as LayerNorm is (autocast runs layer_norm in fp32).
   const torch::Tensor xf = x.to(torch::kFloat);
   return xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + kNormEps) * weight_;
+}
+
+BatchNormImpl::BatchNormImpl(int64_t d) {
+  weight_ = register_parameter("weight", torch::ones({d}));
+  bias_ = register_parameter("bias", torch::zeros({d}));
+  running_mean = register_buffer("running_mean", torch::zeros({d}));
+  running_var = register_buffer("running_var", torch::ones({d}));
+  num_batches_tracked = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+}
+
+torch::Tensor BatchNormImpl::forward(const torch::Tensor& x, bool update) {
+  const torch::Tensor flat = x.to(torch::kFloat).reshape({-1, x.size(-1)});
+  // Without the update (a recompute) the same op runs on copies of the running statistics: a
+  // non-reentrant checkpoint needs the recompute to save the same tensors as the forward, and passing
+  // no running statistics would change what batch_norm saves.
+  torch::Tensor mean = running_mean, var = running_var;
+  if (!update) mean = mean.clone(), var = var.clone();
+  const torch::Tensor y = torch::batch_norm(flat, weight_, bias_, mean, var, /*training=*/true, kBatchNormMomentum,
+                                            kNormEps, /*cudnn_enabled=*/false);
+  if (update) {
+    torch::NoGradGuard no_grad;
+    num_batches_tracked.add_(1);
+  }
+  return y.reshape(x.sizes());
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c) : c_(c) {
@@ -70,7 +97,9 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x, SiteTap& tap, int
   return fc2_->forward(a);
 }
 
-TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap) : c_(c), tap_(tap) {
+TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState* effects)
+    : c_(c), tap_(tap), effects_(effects) {
+  if (c.effects && !effects) throw std::logic_error("model: side-effecting modules need an EffectState");
   for (int l = 0; l < c.layers; ++l) {
     if (c.param_layer(l) != l) {  // tied: layer 0's modules, registered once
       blocks_.push_back(blocks_.front());
@@ -84,6 +113,7 @@ TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap) : c_(c), ta
     }
     b.norm2 = sub->register_module("norm2", std::make_shared<NormImpl>(c.norm, c.d_model));
     b.ffn = sub->register_module("ffn", std::make_shared<FeedForwardImpl>(c));
+    if (c.has(kBatchNorm)) b.bn = sub->register_module("bn", std::make_shared<BatchNormImpl>(c.d_model));
     blocks_.push_back(b);
   }
   norm_f_ = register_module("norm_f", std::make_shared<NormImpl>(c.norm, c.d_model));
@@ -103,6 +133,41 @@ torch::Tensor TransformerImpl::ffn_half(int l, const torch::Tensor& x) {
   return b.norm2->forward(x + tap_->apply(b.ffn->forward(x, *tap_, l), l, DropoutSite::ffn_out));
 }
 
+// The side-effecting modules (reference/config.hpp) after block `l`'s FFN half. Each asks whether it runs
+// in a recompute (segment_scope.hpp) and applies its effect once; the cache reads back in the recompute
+// the value it read in the first forward. `external` does not ask: it must never be checkpointed.
+torch::Tensor TransformerImpl::effects(int l, const torch::Tensor& y_in) {
+  if (!c_.effects) return y_in;
+  const size_t li = static_cast<size_t>(l);
+  const bool recomputing = is_recomputing();
+  SegmentState* segment = current_segment();
+  torch::Tensor y = y_in;
+  if (c_.has(kBatchNorm)) y = blocks_.at(li).bn->forward(y, /*update=*/!recomputing);
+  if (c_.has(kNoise)) y = tap_->noise(y, l);
+  if (c_.has(kCache)) {
+    const std::string key = "cache.layer" + std::to_string(l);
+    int64_t k;
+    if (recomputing && segment && segment->stash.count(key)) {
+      k = segment->stash.at(key).toInt();
+    } else {
+      k = effects_->cache_calls.at(li)++;
+      if (segment) segment->stash[key] = k;
+    }
+    y = y * (1.0 + kCacheStep * static_cast<double>(k));
+  }
+  auto log = [&](const char* who) {
+    std::ofstream out(effects_->log_path, std::ios::app);
+    out << who << " step " << tap_->step() << " micro " << tap_->micro() << " layer " << l << "\n";
+  };
+  if (c_.has(kCounter) && !recomputing) ++effects_->counter.at(li);
+  if (c_.has(kLog) && !recomputing) log("log");
+  if (c_.has(kExternal)) {
+    ++effects_->external.at(li);
+    log("external");
+  }
+  return y;
+}
+
 torch::Tensor TransformerImpl::run_unit(const Unit& u, const torch::Tensor& h, const torch::Tensor& key_valid,
                                         torch::Tensor* sq_mean) {
   torch::Tensor out;
@@ -112,10 +177,10 @@ torch::Tensor TransformerImpl::run_unit(const Unit& u, const torch::Tensor& h, c
     case BlockPart::attn:
       return c_.attention ? attn_half(u.layer, h, key_valid) : h;
     case BlockPart::whole:
-      out = ffn_half(u.layer, c_.attention ? attn_half(u.layer, h, key_valid) : h);
+      out = effects(u.layer, ffn_half(u.layer, c_.attention ? attn_half(u.layer, h, key_valid) : h));
       break;
     case BlockPart::ffn:
-      out = ffn_half(u.layer, h);
+      out = effects(u.layer, ffn_half(u.layer, h));
       break;
   }
   if (sq_mean) {
@@ -179,6 +244,35 @@ ParamSet TransformerImpl::grads() const {
   for (const auto& kv : named_parameters())
     if (kv.value().grad().defined()) out.at(kv.key()).data = to_doubles(kv.value().grad());
   return out;
+}
+
+ParamSet TransformerImpl::batchnorm_state() const {
+  ParamSet out;
+  for (int l = 0; l < c_.layers; ++l) {
+    if (c_.param_layer(l) != l || !blocks_[static_cast<size_t>(l)].bn) continue;
+    const auto& bn = *blocks_[static_cast<size_t>(l)].bn;
+    const std::string L = "layer" + std::to_string(l) + ".bn.";
+    out.items.push_back({L + "running_mean", {c_.d_model}, to_doubles(bn.running_mean)});
+    out.items.push_back({L + "running_var", {c_.d_model}, to_doubles(bn.running_var)});
+    out.items.push_back({L + "num_batches_tracked", {1}, to_doubles(bn.num_batches_tracked)});
+  }
+  return out;
+}
+
+void TransformerImpl::load_batchnorm_state(const ParamSet& s) {
+  torch::NoGradGuard no_grad;
+  for (int l = 0; l < c_.layers; ++l) {
+    if (c_.param_layer(l) != l || !blocks_[static_cast<size_t>(l)].bn) continue;
+    auto& bn = *blocks_[static_cast<size_t>(l)].bn;
+    const std::string L = "layer" + std::to_string(l) + ".bn.";
+    auto put = [&](torch::Tensor& t, const std::string& name) {
+      const NamedArray& a = s.at(L + name);
+      t.copy_(torch::tensor(a.data, torch::kDouble).reshape(t.sizes()));
+    };
+    put(bn.running_mean, "running_mean");
+    put(bn.running_var, "running_var");
+    put(bn.num_batches_tracked, "num_batches_tracked");
+  }
 }
 
 std::vector<bool> TransformerImpl::grads_defined() const {

@@ -51,17 +51,39 @@ class FeedForwardImpl : public torch::nn::Module {
   torch::nn::Linear fc1_{nullptr}, gate_{nullptr}, fc2_{nullptr};
 };
 
+// BatchNorm over the features of (B,T,D) in training mode, computed in fp32. `update` false (in a
+// recompute) normalises with the batch statistics without touching the running ones.
+class BatchNormImpl : public torch::nn::Module {
+ public:
+  explicit BatchNormImpl(int64_t d);
+  torch::Tensor forward(const torch::Tensor& x, bool update);
+  torch::Tensor running_mean, running_var, num_batches_tracked;
+
+ private:
+  torch::Tensor weight_, bias_;
+};
+
+// The state of the side-effecting modules outside the parameters (reference/config.hpp, Effect), per
+// run. The run stage owns it and reads it as the side-effect ledger.
+struct EffectState {
+  std::vector<int64_t> counter, external;  // per layer: forwards counted (aware / unaware of recompute)
+  std::vector<int64_t> cache_calls;        // per layer: forwards earlier in this step (reset per step)
+  std::string log_path;                    // the run's log file
+};
+
 // One block's modules. With tie=blocks every block holds layer 0's modules (registered only by layer 0).
 struct BlockModules {
   std::shared_ptr<NormImpl> norm1, norm2;
   std::shared_ptr<AttentionImpl> attn;
   std::shared_ptr<FeedForwardImpl> ffn;
+  std::shared_ptr<BatchNormImpl> bn;
 };
 
 class TransformerImpl : public torch::nn::Module {
  public:
-  // The model draws dropout masks through `tap`, which must outlive it.
-  TransformerImpl(const ModelConfig& c, SiteTap* tap);
+  // The model draws dropout masks through `tap`, and its side-effecting modules keep their state in
+  // `effects` (may be null when the config has none); both must outlive it.
+  TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState* effects = nullptr);
   // One unit on hidden state h. key_valid: (B,T) bool or undefined. sq_mean: when given, whole blocks
   // and FFN halves add mean(y^2) of their output y to it (the auxiliary loss before its weight).
   torch::Tensor run_unit(const Unit& u, const torch::Tensor& h, const torch::Tensor& key_valid,
@@ -76,13 +98,19 @@ class TransformerImpl : public torch::nn::Module {
   ParamSet values() const;       // current parameters, as fp64, in layout order
   ParamSet grads() const;        // gradients (zeros where undefined), as fp64
   std::vector<bool> grads_defined() const;
+  // BatchNorm running statistics ("layer0.bn.running_mean", ".running_var", ".num_batches_tracked"),
+  // as fp64, and loading them back.
+  ParamSet batchnorm_state() const;
+  void load_batchnorm_state(const ParamSet& s);
 
  private:
   torch::Tensor attn_half(int layer, const torch::Tensor& x, const torch::Tensor& key_valid);
   torch::Tensor ffn_half(int layer, const torch::Tensor& x);
+  torch::Tensor effects(int layer, const torch::Tensor& y);
 
   ModelConfig c_;
   SiteTap* tap_;
+  EffectState* effects_;
   std::vector<BlockModules> blocks_;
   std::shared_ptr<NormImpl> norm_f_;
   torch::nn::Linear head_{nullptr};

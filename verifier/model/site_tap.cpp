@@ -47,11 +47,30 @@ torch::Tensor SiteTap::relu(const torch::Tensor& z, int layer) {
   return torch::relu(z);
 }
 
+torch::Tensor SiteTap::noise(const torch::Tensor& y, int layer) {
+  NoiseCall rec;
+  rec.step = step_;
+  rec.micro = micro_;
+  rec.phase = phase_;
+  rec.layer = layer;
+  for (const auto& r : noise_calls_) rec.call += r.step == step_ && r.micro == micro_ && r.layer == layer;
+  const torch::Tensor eps = torch::randn(y.sizes(), y.options().dtype(torch::kFloat));
+  rec.eps = eps.detach().to(torch::kCPU);
+  noise_calls_.push_back(std::move(rec));
+  return y + eps * kNoiseScale;
+}
+
 DropoutMasks reference_masks(const std::vector<SiteCall>& calls, const std::vector<ReluCall>& relu,
-                             const ModelConfig& cfg, const std::array<double, kNumDropoutSites>& p, int step,
-                             int micro) {
+                             const std::vector<NoiseCall>& noise, const ModelConfig& cfg,
+                             const std::array<double, kNumDropoutSites>& p, int step, int micro) {
   DropoutMasks m = DropoutMasks::none(cfg.layers);
   m.p = p;
+  for (const auto& r : noise) {
+    if (r.step != step || r.micro != micro || r.call != 0) continue;
+    if (m.noise.empty()) m.noise.resize(static_cast<size_t>(cfg.layers));
+    const torch::Tensor f = r.eps.to(torch::kDouble).contiguous();
+    m.noise[static_cast<size_t>(r.layer)].assign(f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
+  }
   for (const auto& r : relu) {
     if (r.step != step || r.micro != micro || r.call != 0) continue;
     if (m.relu.empty()) m.relu.resize(static_cast<size_t>(cfg.layers));

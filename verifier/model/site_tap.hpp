@@ -44,6 +44,13 @@ struct ReluCall {
   torch::Tensor positive;  // bool, CPU, (B,T,Dff)
 };
 
+// The eps a noise module drew (Effect kNoise): the reference adds the first forward's, and rng-replay
+// compares every recompute's with it.
+struct NoiseCall {
+  int step = 0, micro = 0, phase = 0, layer = 0, call = 0;
+  torch::Tensor eps;  // float, CPU, (B,T,D)
+};
+
 class SiteTap {
  public:
   SiteTap(DropoutImpl impl, std::array<double, kNumDropoutSites> p) : impl_(impl), p_(p) {}
@@ -51,6 +58,11 @@ class SiteTap {
   torch::Tensor apply(const torch::Tensor& x, int layer, DropoutSite site);
   // relu(z), recording where z was positive.
   torch::Tensor relu(const torch::Tensor& z, int layer);
+  // y + kNoiseScale * eps with eps ~ N(0,1) from the device's default generator, recording eps.
+  torch::Tensor noise(const torch::Tensor& y, int layer);
+  const std::vector<NoiseCall>& noise_calls() const { return noise_calls_; }
+  int step() const { return step_; }
+  int micro() const { return micro_; }
   const std::vector<SiteCall>& calls() const { return calls_; }
   const std::vector<ReluCall>& relu_calls() const { return relu_calls_; }
 
@@ -60,12 +72,13 @@ class SiteTap {
   int step_ = 0, micro_ = 0, phase_ = 0;
   std::vector<SiteCall> calls_;
   std::vector<ReluCall> relu_calls_;
+  std::vector<NoiseCall> noise_calls_;
 };
 
 // The decisions that the first forward of (step, micro) made, as the reference consumes them: the masks
 // of every site (sites without a mask, rate 0, stay identity) and the ReLU sides.
 DropoutMasks reference_masks(const std::vector<SiteCall>& calls, const std::vector<ReluCall>& relu,
-                             const ModelConfig& cfg, const std::array<double, kNumDropoutSites>& p, int step,
-                             int micro);
+                             const std::vector<NoiseCall>& noise, const ModelConfig& cfg,
+                             const std::array<double, kNumDropoutSites>& p, int step, int micro);
 
 }  // namespace ckv

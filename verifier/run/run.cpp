@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "verifier/model/model.hpp"
@@ -68,6 +70,13 @@ std::vector<bool> gradient_flow(const Case& c, const std::vector<Segment>& segme
   return out;
 }
 
+// A private directory for one run's files (the log module writes there).
+std::string make_temp_dir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "ckverify-run-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw EnvironmentError("cannot create a temporary directory in " + tmpl);
+  return tmpl;
+}
+
 enum class Mode { normal, throw_in_recompute, inplace_input };
 
 // One training run. The members live as long as the run: segment functions handed to the
@@ -82,7 +91,16 @@ class Trainer {
         target_(target_segment),
         device_(c.device),
         tap_(c.dropout_impl, c.dropout),
-        model_(c.model, &tap_) {
+        model_(c.model, &tap_, &effects_) {
+    const size_t layers = static_cast<size_t>(c.model.layers);
+    effects_.counter.assign(layers, 0);
+    effects_.external.assign(layers, 0);
+    effects_.cache_calls.assign(layers, 0);
+    if (c.model.has(kLog) || c.model.has(kExternal)) {
+      log_dir_ = make_temp_dir();
+      effects_.log_path = log_dir_ + "/effects.log";
+      std::ofstream(effects_.log_path).flush();
+    }
     torch::manual_seed(c.seed);  // dropout draws from the device's default generator
     rng_ = RngState::capture();  // this run's own random stream (runs interleave step by step)
     model_.to(device_);
@@ -115,16 +133,30 @@ class Trainer {
     for (const auto& seg : o.segments) units_.insert(units_.end(), seg.units.begin(), seg.units.end());
   }
 
+  ~Trainer() {
+    if (!log_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(log_dir_, ec);
+    }
+  }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
   // One optimizer step; throws what the step throws. The run's own generators are installed around it.
   StepRecord step(int step) {
     step_ = step;
     rng_.restore();
     StepRecord rec = train_step();
     rng_ = RngState::capture();
+    rec.ledger = ledger();
     return rec;
   }
-  // Continues from these parameters (the baseline follows the run under test step by step).
-  void load(const ParamSet& p) { model_.load(p); }
+  // Continues from these parameters and running statistics (the baseline follows the run under test
+  // step by step).
+  void load(const StepRecord& r) {
+    model_.load(r.params_after);
+    model_.load_batchnorm_state(r.ledger.batchnorm);
+  }
   // Fills the records of every call so far; `error` when the run stopped on an exception.
   void finish(RunRecord& r, const std::exception* error) {
     r.completed = error == nullptr;
@@ -134,6 +166,7 @@ class Trainer {
     }
     r.sites = tap_.calls();
     r.relu = tap_.relu_calls();
+    r.noise = tap_.noise_calls();
     r.segment_calls = segment_calls_;
   }
   // The experiment of the trainer's mode, on step 0, micro-batch 0; fills throw_result / inplace_result.
@@ -178,8 +211,23 @@ class Trainer {
   InplaceExperiment inplace_result;
 
  private:
+  Ledger ledger() const {
+    Ledger l;
+    l.counter = effects_.counter;
+    l.external = effects_.external;
+    l.cache_calls = effects_.cache_calls;
+    if (!effects_.log_path.empty()) {
+      std::ifstream in(effects_.log_path, std::ios::binary);
+      l.log.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    l.batchnorm = model_.batchnorm_state();
+    l.rng = rng_;
+    return l;
+  }
+
   StepRecord train_step() {
     if (impl_) impl_->begin_step(step_);
+    std::fill(effects_.cache_calls.begin(), effects_.cache_calls.end(), 0);
     for (auto& p : params_) p.mutable_grad().reset();
     std::fill(hook_calls_->begin(), hook_calls_->end(), 0);
     StepRecord rec;
@@ -318,6 +366,8 @@ class Trainer {
   int target_;
   torch::Device device_;
   SiteTap tap_;
+  EffectState effects_;
+  std::string log_dir_;
   TransformerImpl model_;
   std::vector<torch::Tensor> params_;
   std::shared_ptr<std::vector<int>> hook_calls_;
@@ -329,6 +379,20 @@ class Trainer {
   RngState rng_;
   int step_ = 0, micro_ = 0, phase_ = 0;
 };
+
+// The running statistics every BatchNorm module starts from (mean 0, variance 1, no batches).
+ParamSet initial_batchnorm(const ModelConfig& c) {
+  ParamSet out;
+  if (!c.has(kBatchNorm)) return out;
+  for (int l = 0; l < c.layers; ++l) {
+    if (c.param_layer(l) != l) continue;
+    const std::string L = "layer" + std::to_string(l) + ".bn.";
+    out.items.push_back({L + "running_mean", {c.d_model}, std::vector<double>(static_cast<size_t>(c.d_model), 0.0)});
+    out.items.push_back({L + "running_var", {c.d_model}, std::vector<double>(static_cast<size_t>(c.d_model), 1.0)});
+    out.items.push_back({L + "num_batches_tracked", {1}, {0.0}});
+  }
+  return out;
+}
 
 Observations prepare(const Case& c) {
   validate(c);
@@ -365,10 +429,23 @@ ExpectedStep expected_step(const Observations& o, int step, RefScalar scalar, co
   }
   ExpectedStep e;
   e.grads = zeros_like(params);
+  e.batchnorm =
+      step == 0 ? initial_batchnorm(c.model) : o.test.steps.at(static_cast<size_t>(step - 1)).ledger.batchnorm;
   for (int m = 0; m < c.micro; ++m) {
-    const DropoutMasks masks = reference_masks(o.test.sites, o.test.relu, c.model, c.dropout, step, m);
+    const DropoutMasks masks = reference_masks(o.test.sites, o.test.relu, o.test.noise, c.model, c.dropout, step, m);
     const ReferenceResult r = reference_forward_backward(c.model, params, data[static_cast<size_t>(m)], masks,
-                                                         ReferenceOptions{faults, scalar, 1.0 / c.micro});
+                                                         ReferenceOptions{faults, scalar, 1.0 / c.micro, m});
+    // BatchNorm's running statistics: one update per layer per forward, in forward order.
+    for (size_t l = 0; l < r.bn_mean.size(); ++l) {
+      const std::string L = "layer" + std::to_string(c.model.param_layer(static_cast<int>(l))) + ".bn.";
+      auto& mean = e.batchnorm.at(L + "running_mean").data;
+      auto& var = e.batchnorm.at(L + "running_var").data;
+      for (size_t j = 0; j < mean.size(); ++j) {
+        mean[j] = (1.0 - kBatchNormMomentum) * mean[j] + kBatchNormMomentum * r.bn_mean[l][j];
+        var[j] = (1.0 - kBatchNormMomentum) * var[j] + kBatchNormMomentum * r.bn_var[l][j];
+      }
+      e.batchnorm.at(L + "num_batches_tracked").data[0] += 1.0;
+    }
     e.losses.push_back(r.loss);
     e.dx.push_back(r.dx);
     for (const auto& out : r.layer_out)
@@ -468,8 +545,9 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
       test_error = saved.get();
       break;
     }
-    if (o.test.steps.back().params_after.items != o.baseline.steps.back().params_after.items)
-      base.load(o.test.steps.back().params_after);
+    const StepRecord &t = o.test.steps.back(), &b = o.baseline.steps.back();
+    if (t.params_after.items != b.params_after.items || t.ledger.batchnorm.items != b.ledger.batchnorm.items)
+      base.load(t);
   }
   base.finish(o.baseline, nullptr);
   test.finish(o.test, test_error);

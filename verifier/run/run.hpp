@@ -41,6 +41,15 @@ struct SegmentCallRecord {
   bool grad_enabled = false;
 };
 
+// The side-effect ledger after a step: everything the side-effecting modules and the random stream
+// left behind (reference/config.hpp, Effect).
+struct Ledger {
+  std::vector<int64_t> counter, external, cache_calls;  // per layer
+  std::string log;                                      // the run's log file, whole
+  ParamSet batchnorm;                                   // running statistics (model.hpp, batchnorm_state)
+  RngState rng;                                         // the generators of every device
+};
+
 struct StepRecord {
   std::vector<double> losses;           // per micro-batch (already scaled by 1/micro)
   ParamSet grads;                       // after every backward pass of the step (zeros where undefined)
@@ -48,6 +57,7 @@ struct StepRecord {
   std::vector<std::vector<double>> dx;  // per micro-batch: dloss/dx (empty when the input is frozen)
   std::vector<int> hook_calls;          // per parameter: gradient hook calls during the step
   ParamSet params_after;                // after the optimizer update
+  Ledger ledger;                        // after the step
 };
 
 struct RunRecord {
@@ -57,12 +67,14 @@ struct RunRecord {
   std::vector<StepRecord> steps;  // the completed steps
   std::vector<SiteCall> sites;
   std::vector<ReluCall> relu;
+  std::vector<NoiseCall> noise;
   std::vector<SegmentCallRecord> segment_calls;
 };
 
 // What the reference says one step of the run under test should have produced.
 struct ExpectedStep {
   double max_activation = 0.0;          // the largest |block output| or |logit| over the micro-batches
+  ParamSet batchnorm;                   // running statistics after the step (from the test's before it)
   std::vector<double> losses;           // per micro-batch
   ParamSet grads;                       // accumulated over micro-batches, gradient hooks applied
   std::vector<std::vector<double>> dx;  // per micro-batch

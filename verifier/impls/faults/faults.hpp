@@ -17,6 +17,8 @@ ImplEntry no_restore_on_throw();   // global state restored only when the recomp
 ImplEntry no_version_check();      // inputs modified in place are recomputed from silently
 ImplEntry single_recompute();      // a second backward through the segment fails
 ImplEntry per_segment_state();     // RNG state kept per segment, not per call
+ImplEntry replays_effects();       // the recompute is not marked: side effects happen twice
+ImplEntry rng_left_advanced();     // the generators are not put back after the recompute
 // Wrappers around the builtin:
 ImplEntry trains_frozen();          // turns on requires_grad of every declared parameter
 ImplEntry frozen_input_shortcut();  // no tensor input requires grad: runs fn without a graph

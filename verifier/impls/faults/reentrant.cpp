@@ -15,6 +15,7 @@ struct State : torch::CustomClassHolder {
   ReentrantVariant v;
   RngState rng;
   compat::AutocastState autocast;
+  SegmentState segment;  // what modules inside fn keep from the forward for the recompute
 };
 
 class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
@@ -30,6 +31,7 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
       bool cache;
       ~Restore() { at::autocast::set_autocast_cache_enabled(cache); }
     } restore{cache};
+    SegmentScope scope(st->segment, /*recomputing=*/false);
     return st->fn(st->args);  // grad mode is off here (Function::apply)
   }
 
@@ -56,7 +58,11 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
       }
       inputs.push_back(d);
     }
-    const std::vector<torch::Tensor> outs = st->fn(args);
+    std::vector<torch::Tensor> outs;
+    {
+      SegmentScope scope(st->segment, /*recomputing=*/true);
+      outs = st->fn(args);
+    }
 
     std::vector<torch::Tensor> targets, out_sel, grad_sel;
     std::vector<size_t> slot;
