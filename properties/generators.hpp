@@ -102,10 +102,17 @@ inline rc::Gen<Case> gen_case(const CaseGenOptions& o) {
           gen::set(&Case::hook, pick(Hook::none, Hook::none, Hook::none, Hook::none, Hook::scale, Hook::clip)),
           gen::set(&Case::gp, pick(0.0, 0.0, 0.0, 0.0, 0.0, 0.1)),
           gen::set(&Case::inplace, pick(false, false, false, false, true)),
-          gen::set(&Case::precision, gen_precision(o)), gen::set(&Case::plan, plan)),
+          gen::set(&Case::opt, pick(Optimizer::sgd, Optimizer::sgd, Optimizer::adam)),
+          gen::set(&Case::resume, pick(0, 0, 0, 1, 2, 3)), gen::set(&Case::precision, gen_precision(o)),
+          gen::set(&Case::plan, plan)),
       [o](Case c) {
         if (c.gp > 0.0) c.input_frozen = false;                         // the penalty is on dloss/dx
         if (c.model.has(kBatchNorm) && c.batch * c.seq < 2) c.seq = 2;  // BatchNorm needs two values per channel
+        if (c.resume > 0) {  // a save position inside the run (at a step boundary under sched=ffbb)
+          const int total = c.steps * c.micro;
+          c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);
+          if (c.sched == Schedule::ffbb) c.resume -= c.resume % c.micro;
+        }
         c.impl = o.impl;
         c.device = o.device;
         if (o.plan) {  // a fixed plan is kept as given: grow the stack until it fits

@@ -51,6 +51,7 @@ constexpr Names<Precision, 3> kPrec{{{Precision::fp32, "fp32"}, {Precision::bf16
 constexpr Names<Freeze, 3> kFreeze{{{Freeze::none, "none"}, {Freeze::alt, "alt"}, {Freeze::blocks, "blocks"}}};
 constexpr Names<Hook, 3> kHook{{{Hook::none, "none"}, {Hook::scale, "scale"}, {Hook::clip, "clip"}}};
 constexpr Names<Schedule, 2> kSched{{{Schedule::fb, "fb"}, {Schedule::ffbb, "ffbb"}}};
+constexpr Names<Optimizer, 2> kOpt{{{Optimizer::sgd, "sgd"}, {Optimizer::adam, "adam"}}};
 constexpr Names<SegIO, 2> kSegIO{{{SegIO::single, "single"}, {SegIO::multi, "multi"}}};
 constexpr Names<NormKind, 2> kNorm{{{NormKind::layer, "layernorm"}, {NormKind::rms, "rmsnorm"}}};
 constexpr Names<NormPlacement, 2> kPos{{{NormPlacement::pre, "pre"}, {NormPlacement::post, "post"}}};
@@ -293,7 +294,13 @@ const std::vector<Field>& fields() {
     t.push_back(enum_field(
         "sched", "micro-batch order: forward+backward each, or all forwards then all backwards", kSched,
         [](Case& c) -> Schedule& { return c.sched; }, false));
-    t.push_back(double_field("lr", "SGD learning rate", 0.0, 1e6, true, true, [](Case& c) -> double& { return c.lr; }));
+    t.push_back(double_field("lr", "learning rate", 0.0, 1e6, true, true, [](Case& c) -> double& { return c.lr; }));
+    t.push_back(enum_field(
+        "opt", "optimizer: SGD, or Adam (betas 0.9/0.999, eps 1e-8; its moments are training state)", kOpt,
+        [](Case& c) -> Optimizer& { return c.opt; }, false));
+    t.push_back(int_field(
+        "resume", "0, or save the run under test after this many micro-batches, reload it fresh and continue", 0, 16000,
+        [](Case& c) -> int& { return c.resume; }, false));
     {
       Field f = bool_field("input", "whether the block-stack input x requires grad",
                            [](Case& c) -> bool& { return c.input_frozen; });
@@ -468,6 +475,9 @@ std::string_view to_string(Hook v) {
 std::string_view to_string(Schedule v) {
   return name_of(kSched, v);
 }
+std::string_view to_string(Optimizer v) {
+  return name_of(kOpt, v);
+}
 std::string_view to_string(SegIO v) {
   return name_of(kSegIO, v);
 }
@@ -506,6 +516,13 @@ void validate(const Case& c) {
   if (c.gp > 0.0 && c.input_frozen)
     fail("gp=" + shortest(c.gp) + " needs input=trainable (the penalty is on dloss/dx)");
   if (m.key_padding != (m.aux_weight > 0.0)) fail("segio: key padding and the aux loss come together (segio=multi)");
+  if (c.resume > 0 && c.resume >= c.steps * c.micro)
+    fail("resume=" + std::to_string(c.resume) + " must be below steps x micro=" + std::to_string(c.steps * c.micro) +
+         " (the position of the save, counted in micro-batches)");
+  if (c.resume > 0 && c.resume % c.micro != 0 && c.sched != Schedule::fb)
+    fail("resume=" + std::to_string(c.resume) +
+         " falls inside a step: that needs sched=fb (with sched=ffbb the "
+         "forwards of the step are still alive)");
   if (m.has(kBatchNorm) && c.batch * c.seq < 2)
     fail(
         "fx=bn needs batch x seq >= 2: BatchNorm's statistics over one value are undefined (the unbiased running "

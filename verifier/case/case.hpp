@@ -36,9 +36,13 @@ enum class Schedule { fb, ffbb };
 // Segment signature: single = fn(h) -> h; multi = fn(h, key_mask, start, stop, aux_weight) ->
 // (h, aux_loss): several tensors in and out and non-tensor arguments (model: key padding, aux loss).
 enum class SegIO { single, multi };
+// The optimizer: plain SGD, or Adam (beta1 0.9, beta2 0.999, eps 1e-8, bias-corrected) whose moments
+// and step count are training state a resume must carry.
+enum class Optimizer { sgd, adam };
 
 inline constexpr double kAuxWeight = 0.01;  // segio=multi: aux loss weight per block
 inline constexpr double kClipHook = 0.01;   // hook=clip bound
+inline constexpr double kAdamBeta1 = 0.9, kAdamBeta2 = 0.999, kAdamEps = 1e-8;  // opt=adam
 
 std::string_view to_string(DropoutImpl v);
 std::string_view to_string(Precision v);
@@ -46,6 +50,7 @@ std::string_view to_string(Freeze v);
 std::string_view to_string(Hook v);
 std::string_view to_string(Schedule v);
 std::string_view to_string(SegIO v);
+std::string_view to_string(Optimizer v);
 
 class CaseError : public std::invalid_argument {
  public:
@@ -62,7 +67,12 @@ struct Case {
   int steps = 1;
   int micro = 1;  // micro-batches accumulated per optimizer step (no zero_grad between them)
   Schedule sched = Schedule::fb;
-  double lr = 0.05;           // SGD learning rate
+  double lr = 0.05;  // learning rate
+  Optimizer opt = Optimizer::sgd;
+  // Resume experiment (0: none): the run under test is saved to a state file after `resume`
+  // micro-batches (step resume / micro, micro-batch resume % micro), loaded into a freshly built model
+  // and optimizer, and continued to the end; the result must equal the uninterrupted run bitwise.
+  int resume = 0;
   bool input_frozen = false;  // the block-stack input x does not require grad (frozen embedding)
   Freeze freeze = Freeze::none;
   Hook hook = Hook::none;

@@ -36,6 +36,34 @@ void RngState::restore(bool include_cuda) const {
   for (size_t i = 0; i < cuda_.size(); ++i) set_state_of(cuda(i), cuda_[i]);
 }
 
+std::vector<std::vector<uint8_t>> RngState::bytes() const {
+  std::vector<std::vector<uint8_t>> out;
+  auto add = [&](const torch::Tensor& t) {
+    const torch::Tensor c = t.contiguous().to(torch::kUInt8);
+    out.emplace_back(c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel());
+  };
+  if (cpu_.defined()) add(cpu_);
+  for (const auto& t : cuda_) add(t);
+  return out;
+}
+
+RngState RngState::from_bytes(const std::vector<std::vector<uint8_t>>& b) {
+  const RngState here = capture();
+  if (b.size() != 1 + here.cuda_.size())
+    throw std::invalid_argument("the state holds " + std::to_string(b.size()) + " generator(s), this machine has " +
+                                std::to_string(1 + here.cuda_.size()) + " (CPU and CUDA devices)");
+  auto make = [&](const std::vector<uint8_t>& v, const torch::Tensor& like, const std::string& which) {
+    if (static_cast<int64_t>(v.size()) != like.numel())
+      throw std::invalid_argument("the " + which + " generator state has " + std::to_string(v.size()) +
+                                  " bytes, this LibTorch's has " + std::to_string(like.numel()));
+    return torch::from_blob(const_cast<uint8_t*>(v.data()), {like.numel()}, torch::kUInt8).clone();
+  };
+  RngState s;
+  s.cpu_ = make(b[0], here.cpu_, "CPU");
+  for (size_t i = 0; i < here.cuda_.size(); ++i) s.cuda_.push_back(make(b[i + 1], here.cuda_[i], "CUDA"));
+  return s;
+}
+
 bool RngState::operator==(const RngState& o) const {
   return differences(o).empty();
 }

@@ -22,6 +22,10 @@ class RngState {
   // The devices whose state differs from `o`'s, for example "cpu, cuda:1" (empty when equal).
   std::string differences(const RngState& o) const;
   bool empty() const { return !cpu_.defined(); }
+  // The raw generator states (CPU first, then CUDA device 0, 1, ...), as bytes, for a state file.
+  std::vector<std::vector<uint8_t>> bytes() const;
+  // Throws std::invalid_argument when the states do not fit this machine's generators.
+  static RngState from_bytes(const std::vector<std::vector<uint8_t>>& b);
 
  private:
   torch::Tensor cpu_;

@@ -212,14 +212,14 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
   check_device(device, false);
   std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device
             << "\n\n";
-  std::printf("%-22s %-16s %8s  %s\n", "fault", "killed by", "cases", "shrunk case");
+  std::printf("%-24s %-16s %8s  %s\n", "fault", "killed by", "cases", "shrunk case");
   json rows = json::array();
   int survivors = 0;
   for (const auto& e : known_impls()) {
     const ImplInfo& info = e.info;
     if (info.killed_by.empty()) continue;
     if (const std::string why = unobservable_here(info, device); !why.empty()) {
-      std::printf("%-22s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", why.c_str());
+      std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", why.c_str());
       rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", why}});
       continue;
     }
@@ -234,7 +234,7 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
     const bool killed = !r.property.empty();
     survivors += !killed;
     const std::string kills = killed ? std::to_string(r.failing_index + 1) : "-";
-    std::printf("%-22s %-16s %8s  %s\n", info.name.c_str(), killed ? r.property.c_str() : "SURVIVED", kills.c_str(),
+    std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), killed ? r.property.c_str() : "SURVIVED", kills.c_str(),
                 killed ? to_line(r.failing_case).c_str() : ("after " + std::to_string(r.ran) + " cases").c_str());
     std::fflush(stdout);
     rows.push_back({{"fault", info.name},
@@ -285,6 +285,48 @@ int cmd_case(const std::vector<std::string>& words) {
   for (const auto& w : words) line += (line.empty() ? "" : " ") + w;
   const Case c = case_from_line(line);
   std::cout << to_json(c);
+  return kExitOk;
+}
+
+// Trains a Case by hand: from its start or a state file, to a position, optionally saving the state.
+// Prints every completed step's loss and the digest of the whole training state at the end, so runs in
+// different processes can be compared (the cross-process resume test does).
+int cmd_train(const std::string& path, int until, const std::string& save, const std::string& resume) {
+  Case c;
+  try {
+    c = load_case_file(path);
+  } catch (const CaseError& e) {
+    throw UsageError(e.what());
+  }
+  if (!find_impl(c.impl)) make_impl(c.impl);
+  if (!save.empty() && save == path) throw UsageError("--save would overwrite the Case file " + sanitize(path));
+  if (!save.empty() && save == resume) throw UsageError("--save and --resume name the same file; save elsewhere");
+  check_outputs({{"--save", save}});
+  const std::unique_ptr<CheckpointImpl> impl = make_impl(c.impl);
+  TrainingRun run(c, impl.get());
+  if (!resume.empty()) run.load(load_state_file(resume, c));
+  const int target = until < 0 ? run.end() : until;
+  if (target > run.end())
+    throw UsageError(
+        fmt::format("--until {} is past the Case's end ({} micro-batches: steps x micro)", target, run.end()));
+  if (target < run.position())
+    throw UsageError(fmt::format("--until {} is before the loaded position {}", target, run.position()));
+  if (c.sched == Schedule::ffbb && target % c.micro != 0)
+    throw UsageError(fmt::format("--until {} falls inside a step: sched=ffbb saves only at step boundaries", target));
+  std::cout << "ckverify train: " << to_line(c) << "\n";
+  if (run.position() > 0) std::cout << "resumed at micro-batch " << run.position() << "\n";
+  int step = run.position() / c.micro;
+  for (const StepRecord& r : run.advance_to(target)) {
+    double loss = 0.0;
+    for (size_t m = static_cast<size_t>(r.first_micro); m < r.losses.size(); ++m) loss += r.losses[m];
+    std::cout << fmt::format("step {} loss {:.9g}{}\n", step++, loss,
+                             r.first_micro > 0 ? fmt::format(" (micro-batches {}.. only)", r.first_micro) : "");
+  }
+  if (!save.empty()) {
+    write_atomically(save, encode_state(run.state(StateFault::none)));
+    std::cout << "saved the state at micro-batch " << run.position() << " to " << sanitize(save) << "\n";
+  }
+  std::cout << fmt::format("position {}/{} digest {}", run.position(), run.end(), run.digest()) << std::endl;
   return kExitOk;
 }
 
@@ -350,6 +392,17 @@ int main(int argc, char** argv) {
   std::vector<std::string> case_words;
   case_cmd->add_option("keys", case_words, "Case fields as key=value (see `ckverify list`); the rest default");
 
+  auto* train = app.add_subcommand(
+      "train",
+      "Train one Case (its impl and plan) to a position, saving or resuming its training state; prints the "
+      "losses and a digest of the whole state.");
+  int until = -1;
+  std::string save_path, resume_path;
+  train->add_option("case", case_path, "Case JSON file")->required();
+  train->add_option("--until", until, "Stop after this many micro-batches (default: the end: steps x micro)");
+  train->add_option("--save", save_path, "Write the training state there at the end (format: verifier/run/state.hpp)");
+  train->add_option("--resume", resume_path, "Start from this state file (saved from the same Case)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -366,11 +419,15 @@ int main(int argc, char** argv) {
     if (*faults) return cmd_faults(fault_cases, seed, fault_budget, json_path, device);
     if (*list) return cmd_list();
     if (*case_cmd) return cmd_case(case_words);
+    if (*train) return cmd_train(case_path, until, save_path, resume_path);
   } catch (const UsageError& e) {
     std::cerr << "ckverify: " << e.what() << std::endl;
     return kExitUsage;
   } catch (const CaseError& e) {
     std::cerr << "ckverify: " << e.what() << std::endl;
+    return kExitUsage;
+  } catch (const StateError& e) {
+    std::cerr << "ckverify: " << sanitize(e.what(), 400) << std::endl;
     return kExitUsage;
   } catch (const EnvironmentError& e) {
     std::cerr << "ckverify: cannot run here: " << sanitize(e.what(), 300) << std::endl;

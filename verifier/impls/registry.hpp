@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "verifier/impls/interface.hpp"
+#include "verifier/run/state.hpp"
 
 namespace ckv {
 
@@ -21,6 +22,8 @@ struct ImplInfo {
   bool needs_cuda = false;    // only observable with a CUDA device
   bool needs_torch2 = false;  // only observable with LibTorch >= 2.0
   bool needs_fp16 = false;    // only observable under fp16 autocast (on CPU: LibTorch >= 2.3)
+  // A resume fault: the checkpoint is the builtin, the training state saver is broken this way.
+  StateFault state_fault = StateFault::none;
 };
 
 // Why the implementation's fault cannot show on `device` with this build ("" when it can).

@@ -11,7 +11,9 @@
 #include <iterator>
 #include <memory>
 
+#include "verifier/impls/registry.hpp"
 #include "verifier/model/model.hpp"
+#include "verifier/run/state.hpp"
 
 namespace ckv {
 namespace {
@@ -108,6 +110,13 @@ class Trainer {
     model_.train();
     params_ = model_.parameters();
     hook_calls_ = std::make_shared<std::vector<int>>(params_.size(), 0);
+    if (c.opt == Optimizer::adam) {
+      for (const auto& p : params_) {
+        adam_m_.push_back(torch::zeros_like(p));
+        adam_v_.push_back(torch::zeros_like(p));
+      }
+      adam_steps_.assign(params_.size(), 0);
+    }
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!o.trainable[i]) {
         params_[i].requires_grad_(false);
@@ -142,21 +151,138 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // One optimizer step; throws what the step throws. The run's own generators are installed around it.
+  // One optimizer step (the next one); throws what the step throws.
   StepRecord step(int step) {
-    step_ = step;
-    rng_.restore();
-    StepRecord rec = train_step();
-    rng_ = RngState::capture();
-    rec.ledger = ledger();
-    return rec;
+    if (position_ != step * c_.micro) throw std::logic_error("Trainer::step out of order");
+    std::vector<StepRecord> r = advance_to(position_ + c_.micro);
+    return std::move(r.at(0));
   }
-  // Continues from these parameters and running statistics (the baseline follows the run under test
-  // step by step).
+  // Runs micro-batches until `position` of them are done (whole steps under sched=ffbb); returns the
+  // records of the steps completed. The run's own generators are installed around it.
+  std::vector<StepRecord> advance_to(int position) {
+    const int M = c_.micro;
+    std::vector<StepRecord> out;
+    rng_.restore();
+    while (position_ < position) {
+      step_ = position_ / M;
+      const int m = position_ % M;
+      if (!in_step_) begin_step(/*fresh=*/m == 0);
+      if (c_.sched == Schedule::ffbb) {
+        for (int k = 0; k < M; ++k) forward(k);
+        for (int k = M - 1; k >= 0; --k) backward(k);
+        position_ += M;
+      } else {
+        forward(m), backward(m);
+        ++position_;
+      }
+      if (position_ % M == 0) {
+        StepRecord rec = end_step();
+        rng_ = RngState::capture();
+        rec.ledger = ledger();
+        out.push_back(std::move(rec));
+      }
+    }
+    rng_ = RngState::capture();
+    return out;
+  }
+  int position() const { return position_; }
+
+  // Continues from these parameters, running statistics and optimizer state (the baseline follows the
+  // run under test step by step).
   void load(const StepRecord& r) {
     model_.load(r.params_after);
     model_.load_batchnorm_state(r.ledger.batchnorm);
+    for (size_t i = 0; i < adam_m_.size(); ++i) {
+      adam_m_[i] = to_tensor(r.optimizer.items.at(2 * i).data, params_[i].sizes().vec(), device_);
+      adam_v_[i] = to_tensor(r.optimizer.items.at(2 * i + 1).data, params_[i].sizes().vec(), device_);
+    }
   }
+
+  // The training state as a saver with fault `f` writes it (state.hpp).
+  TrainingState save_state(StateFault f) const {
+    const int M = c_.micro;
+    TrainingState s;
+    s.case_key = state_key(c_);
+    s.position = f == StateFault::no_accumulation ? position_ - position_ % M : position_;
+    s.params = model_.values();
+    if (position_ % M != 0) {
+      s.grads = model_.grads();
+      for (bool d : model_.grads_defined()) s.grad_defined.push_back(d ? 1 : 0);
+      s.hook_calls.assign(hook_calls_->begin(), hook_calls_->end());
+    }
+    if (c_.opt == Optimizer::adam && f != StateFault::no_optimizer) {
+      const ParamSet st = optimizer_state();
+      for (const auto& a : st.items) (a.name.rfind("exp_avg_sq.", 0) == 0 ? s.adam_v : s.adam_m).items.push_back(a);
+      s.adam_steps = adam_steps_;
+    }
+    if (f != StateFault::no_running_stats) s.batchnorm = model_.batchnorm_state();
+    s.counter = effects_.counter, s.external = effects_.external, s.cache_calls = effects_.cache_calls;
+    s.log = read_log();
+    if (f == StateFault::rng_before)
+      s.rng = rng_before_step_.bytes();
+    else if (f != StateFault::no_rng)
+      s.rng = rng_.bytes();
+    return s;
+  }
+  // Continues from a loaded state (this trainer must be fresh). Throws StateError when the state does
+  // not fit the model.
+  void load_state(const TrainingState& s) {
+    const ParamSet layout = model_.values();
+    auto same_layout = [&](const ParamSet& a, const std::string& what) {
+      bool ok = a.items.size() == layout.items.size();
+      for (size_t i = 0; ok && i < a.items.size(); ++i)
+        ok = a.items[i].shape == layout.items[i].shape &&
+             (a.items[i].name == layout.items[i].name ||
+              a.items[i].name.find(layout.items[i].name) != std::string::npos);
+      if (!ok) throw StateError("state file: its " + what + " do not fit this model's parameters");
+    };
+    same_layout(s.params, "parameters");
+    if (s.position < 0 || s.position > c_.steps * c_.micro)
+      throw StateError("state file: position " + std::to_string(s.position) + " is outside this Case's " +
+                       std::to_string(c_.steps * c_.micro) + " micro-batches");
+    const size_t P = params_.size(), L = static_cast<size_t>(c_.model.layers);
+    model_.load(s.params);
+    if (!s.grads.items.empty()) {
+      same_layout(s.grads, "gradients");
+      if (s.grad_defined.size() != P || s.hook_calls.size() != P)
+        throw StateError("state file: its gradient flags do not fit this model");
+      for (size_t i = 0; i < P; ++i) {
+        (*hook_calls_)[i] = static_cast<int>(s.hook_calls[i]);
+        if (s.grad_defined[i])
+          params_[i].mutable_grad() = to_tensor(s.grads.items[i].data, params_[i].sizes().vec(), device_);
+      }
+    }
+    if (c_.opt == Optimizer::adam && !s.adam_m.items.empty()) {
+      same_layout(s.adam_m, "Adam first moments");
+      same_layout(s.adam_v, "Adam second moments");
+      if (s.adam_steps.size() != P) throw StateError("state file: its Adam step counts do not fit this model");
+      for (size_t i = 0; i < P; ++i) {
+        adam_m_[i] = to_tensor(s.adam_m.items[i].data, params_[i].sizes().vec(), device_);
+        adam_v_[i] = to_tensor(s.adam_v.items[i].data, params_[i].sizes().vec(), device_);
+      }
+      adam_steps_ = s.adam_steps;
+    }
+    if (!s.batchnorm.items.empty()) {
+      const ParamSet bn = model_.batchnorm_state();
+      if (bn.items.size() != s.batchnorm.items.size())
+        throw StateError("state file: its BatchNorm statistics do not fit this model");
+      model_.load_batchnorm_state(s.batchnorm);
+    }
+    if (s.counter.size() != L || s.external.size() != L || s.cache_calls.size() != L)
+      throw StateError("state file: its per-layer counters do not fit this model");
+    effects_.counter = s.counter, effects_.external = s.external, effects_.cache_calls = s.cache_calls;
+    if (!effects_.log_path.empty()) std::ofstream(effects_.log_path, std::ios::binary | std::ios::trunc) << s.log;
+    if (!s.rng.empty()) {
+      try {
+        rng_ = RngState::from_bytes(s.rng);
+      } catch (const std::invalid_argument& e) {
+        throw StateError(std::string("state file: ") + e.what());
+      }
+    }
+    position_ = s.position;
+    step_ = position_ / c_.micro;
+  }
+
   // Fills the records of every call so far; `error` when the run stopped on an exception.
   void finish(RunRecord& r, const std::exception* error) {
     r.completed = error == nullptr;
@@ -216,30 +342,49 @@ class Trainer {
     l.counter = effects_.counter;
     l.external = effects_.external;
     l.cache_calls = effects_.cache_calls;
-    if (!effects_.log_path.empty()) {
-      std::ifstream in(effects_.log_path, std::ios::binary);
-      l.log.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
+    l.log = read_log();
     l.batchnorm = model_.batchnorm_state();
     l.rng = rng_;
     return l;
   }
 
-  StepRecord train_step() {
-    if (impl_) impl_->begin_step(step_);
-    std::fill(effects_.cache_calls.begin(), effects_.cache_calls.end(), 0);
-    for (auto& p : params_) p.mutable_grad().reset();
-    std::fill(hook_calls_->begin(), hook_calls_->end(), 0);
-    StepRecord rec;
-    const int M = c_.micro;
-    live_.assign(static_cast<size_t>(M), {});
-    if (c_.sched == Schedule::fb) {
-      for (int m = 0; m < M; ++m) forward(m), backward(m);
-    } else {
-      for (int m = 0; m < M; ++m) forward(m);
-      for (int m = M - 1; m >= 0; --m) backward(m);
+  std::string read_log() const {
+    if (effects_.log_path.empty()) return {};
+    std::ifstream in(effects_.log_path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+  // Adam's moments in layout order: exp_avg.<name>, exp_avg_sq.<name> per parameter (empty for SGD).
+  ParamSet optimizer_state() const {
+    ParamSet out;
+    const ParamSet layout = model_.values();
+    for (size_t i = 0; i < adam_m_.size(); ++i) {
+      const NamedArray& a = layout.items[i];
+      out.items.push_back({"exp_avg." + a.name, a.shape, to_doubles(adam_m_[i])});
+      out.items.push_back({"exp_avg_sq." + a.name, a.shape, to_doubles(adam_v_[i])});
     }
-    for (int m = 0; m < M; ++m) {
+    return out;
+  }
+
+  // Starts step step_: a fresh step zeroes the gradients and the per-step counts; a step resumed from a
+  // state file keeps what was loaded.
+  void begin_step(bool fresh) {
+    rng_before_step_ = RngState::capture();
+    if (impl_) impl_->begin_step(step_);
+    if (fresh) {
+      std::fill(effects_.cache_calls.begin(), effects_.cache_calls.end(), 0);
+      for (auto& p : params_) p.mutable_grad().reset();
+      std::fill(hook_calls_->begin(), hook_calls_->end(), 0);
+    }
+    first_micro_ = position_ % c_.micro;
+    live_.assign(static_cast<size_t>(c_.micro), {});
+    in_step_ = true;
+  }
+
+  StepRecord end_step() {
+    StepRecord rec;
+    rec.first_micro = first_micro_;
+    for (int m = 0; m < c_.micro; ++m) {
       const auto& l = live_[static_cast<size_t>(m)];
       rec.losses.push_back(l.loss_value);
       rec.dx.push_back(c_.input_frozen ? std::vector<double>{} : l.dx);
@@ -249,11 +394,27 @@ class Trainer {
     rec.hook_calls = *hook_calls_;
     {
       torch::NoGradGuard no_grad;
-      for (auto& p : params_)
-        if (p.grad().defined()) p.sub_(p.grad() * c_.lr);
+      for (size_t i = 0; i < params_.size(); ++i) {
+        torch::Tensor& p = params_[i];
+        if (!p.grad().defined()) continue;
+        const torch::Tensor g = p.grad();
+        if (c_.opt == Optimizer::sgd) {
+          p.sub_(g * c_.lr);
+          continue;
+        }
+        // Adam (Kingma & Ba), bias-corrected, per-parameter step counts as torch.optim.Adam keeps them.
+        const double t = static_cast<double>(++adam_steps_[i]);
+        adam_m_[i].mul_(kAdamBeta1).add_(g, 1.0 - kAdamBeta1);
+        adam_v_[i].mul_(kAdamBeta2).addcmul_(g, g, 1.0 - kAdamBeta2);
+        const double bc1 = 1.0 - std::pow(kAdamBeta1, t), bc2 = 1.0 - std::pow(kAdamBeta2, t);
+        const torch::Tensor denom = (adam_v_[i].sqrt() / std::sqrt(bc2)).add_(kAdamEps);
+        p.addcdiv_(adam_m_[i], denom, -c_.lr / bc1);
+      }
     }
     rec.params_after = model_.values();
+    rec.optimizer = optimizer_state();
     live_.clear();
+    in_step_ = false;
     if (impl_) impl_->end_step(step_);
     return rec;
   }
@@ -376,8 +537,12 @@ class Trainer {
   std::vector<Unit> units_;
   std::vector<Live> live_;
   std::vector<SegmentCallRecord> segment_calls_;
-  RngState rng_;
+  RngState rng_, rng_before_step_;
+  std::vector<torch::Tensor> adam_m_, adam_v_;
+  std::vector<int64_t> adam_steps_;
   int step_ = 0, micro_ = 0, phase_ = 0;
+  int position_ = 0, first_micro_ = 0;
+  bool in_step_ = false;
 };
 
 // The running statistics every BatchNorm module starts from (mean 0, variance 1, no batches).
@@ -546,7 +711,8 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
       break;
     }
     const StepRecord &t = o.test.steps.back(), &b = o.baseline.steps.back();
-    if (t.params_after.items != b.params_after.items || t.ledger.batchnorm.items != b.ledger.batchnorm.items)
+    if (t.params_after.items != b.params_after.items || t.ledger.batchnorm.items != b.ledger.batchnorm.items ||
+        t.optimizer.items != b.optimizer.items)
       base.load(t);
   }
   base.finish(o.baseline, nullptr);
@@ -578,6 +744,33 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     }
   }
 
+  if (c.resume == 0) {
+    o.resume_exp.why_not = "the case does not ask for it (resume=0)";
+  } else if (!o.test.completed) {
+    o.resume_exp.why_not = "the run under test did not complete";
+  } else {
+    const ImplInfo* info = find_impl(c.impl);
+    const StateFault fault = info ? info->state_fault : StateFault::none;
+    o.resume_exp.ran = true;
+    o.resume_exp.position = c.resume;
+    const std::string dir = make_temp_dir();
+    try {
+      const std::string path = dir + "/state.ckv";
+      {
+        Trainer first(c, o, &impl, Mode::normal, -1);
+        first.advance_to(c.resume);
+        save_state_file(path, first.save_state(fault));
+      }
+      Trainer second(c, o, &impl, Mode::normal, -1);
+      second.load_state(load_state_file(path, c));
+      o.resume_exp.steps = second.advance_to(c.steps * c.micro);
+    } catch (const std::exception& e) {
+      o.resume_exp.error = first_line(e.what());
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+
   if (!o.test.completed)
     o.reference.why_not = "the run under test did not complete";
   else if (c.precision != Precision::fp32)
@@ -594,6 +787,44 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     o.reference.computed = true;
   }
   return o;
+}
+
+struct TrainingRun::Impl {
+  Observations o;
+  std::unique_ptr<Trainer> t;
+};
+
+TrainingRun::TrainingRun(const Case& c, CheckpointImpl* impl) : impl_(std::make_unique<Impl>()) {
+  check_environment(c);
+  impl_->o = prepare(c);
+  impl_->t = std::make_unique<Trainer>(impl_->o.c, impl_->o, impl, Mode::normal, -1);
+}
+TrainingRun::~TrainingRun() = default;
+int TrainingRun::position() const {
+  return impl_->t->position();
+}
+int TrainingRun::end() const {
+  return impl_->o.c.steps * impl_->o.c.micro;
+}
+std::vector<StepRecord> TrainingRun::advance_to(int position) {
+  return impl_->t->advance_to(std::min(position, end()));
+}
+TrainingState TrainingRun::state(StateFault fault) const {
+  return impl_->t->save_state(fault);
+}
+void TrainingRun::load(const TrainingState& s) {
+  if (s.case_key != state_key(impl_->o.c)) throw StateError("state file: saved from another model or data");
+  impl_->t->load_state(s);
+}
+std::string TrainingRun::digest() const {
+  TrainingState s = impl_->t->save_state(StateFault::none);
+  s.case_key.clear();
+  const std::string bytes = encode_state(s);
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : bytes) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
 }
 
 }  // namespace ckv

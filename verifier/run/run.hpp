@@ -23,6 +23,7 @@
 #include "verifier/checkpoint/rng.hpp"
 #include "verifier/impls/interface.hpp"
 #include "verifier/model/site_tap.hpp"
+#include "verifier/run/state.hpp"
 
 namespace ckv {
 
@@ -51,12 +52,14 @@ struct Ledger {
 };
 
 struct StepRecord {
+  int first_micro = 0;                  // the first micro-batch this run ran (> 0: resumed inside the step)
   std::vector<double> losses;           // per micro-batch (already scaled by 1/micro)
   ParamSet grads;                       // after every backward pass of the step (zeros where undefined)
   std::vector<bool> grad_defined;       // per parameter, layout order
   std::vector<std::vector<double>> dx;  // per micro-batch: dloss/dx (empty when the input is frozen)
   std::vector<int> hook_calls;          // per parameter: gradient hook calls during the step
   ParamSet params_after;                // after the optimizer update
+  ParamSet optimizer;                   // Adam's moments after the update (exp_avg.*, exp_avg_sq.*); empty for SGD
   Ledger ledger;                        // after the step
 };
 
@@ -118,6 +121,17 @@ struct InplaceExperiment {
   std::string message;
 };
 
+// The run under test saved to a state file after c.resume micro-batches, loaded into a freshly built
+// model and optimizer and continued to the end (state.hpp). The saver is ckverify's own, or the broken
+// one of a resume fault (ImplInfo::state_fault).
+struct ResumeExperiment {
+  bool ran = false;
+  std::string why_not;
+  std::string error;              // what the save, the load or the continued run threw
+  int position = 0;               // micro-batches before the save
+  std::vector<StepRecord> steps;  // the steps the resumed run completed: step position / micro on
+};
+
 struct Observations {
   Case c;
   std::vector<Segment> segments;
@@ -130,6 +144,7 @@ struct Observations {
   ReferenceRecord reference;
   ThrowExperiment throw_exp;
   InplaceExperiment inplace_exp;
+  ResumeExperiment resume_exp;
 };
 
 // Runs everything. Throws EnvironmentError (check_environment, or the baseline itself runs out of
@@ -139,6 +154,29 @@ Observations observe(const Case& c, CheckpointImpl& impl);
 // One training run of the Case: with impl null (or plan none) nothing is checkpointed. Records
 // instead of throwing when the run fails.
 RunRecord train(const Case& c, CheckpointImpl* impl);
+
+// One training run driven by hand, micro-batch by micro-batch, with its state saved and loaded
+// (`ckverify train`, the resume tests). impl null: nothing is checkpointed.
+class TrainingRun {
+ public:
+  TrainingRun(const Case& c, CheckpointImpl* impl);
+  ~TrainingRun();
+  TrainingRun(const TrainingRun&) = delete;
+  TrainingRun& operator=(const TrainingRun&) = delete;
+  int position() const;  // micro-batches done
+  int end() const;       // steps x micro
+  // Runs micro-batches up to `position` (whole steps under sched=ffbb); returns the completed steps.
+  std::vector<StepRecord> advance_to(int position);
+  TrainingState state(StateFault fault) const;
+  void load(const TrainingState& s);  // a fresh run only
+  // FNV-1a digest of the whole training state (parameters, accumulated gradients, optimizer, side
+  // effects, generators, position), as 16 hex digits.
+  std::string digest() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The gradient hook of the Case, as applied to a gradient.
 double apply_hook(Hook h, double g);

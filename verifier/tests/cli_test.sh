@@ -18,7 +18,7 @@ expect 0 "builtin passes" -- "$ck" check --cases 30 --json report.json --junit r
 grep -q '"cases_run": 30' report.json || bad "report lacks cases_run 30"
 grep -q '<testsuite name="ckverify check impl=builtin"' report.xml || bad "junit report"
 grep -q "| grad-baseline | held |" report.md || bad "markdown report"
-for p in rng-replay autocast-replay recompute-count completes refuses-inplace exception-safe grad-baseline grad-reference; do
+for p in rng-replay autocast-replay recompute-count completes refuses-inplace exception-safe side-effect-once resume grad-baseline grad-reference; do
   grep -q "$p" out.txt || bad "console report lacks $p"
 done
 
@@ -62,6 +62,39 @@ if ! nvidia-smi >/dev/null 2>&1; then
   grep -q "no CUDA device" err.txt || bad "cuda message"
   expect 2 "--device cuda without a GPU" -- "$ck" check --device cuda --cases 5
 fi
+
+# Resume across processes: save in one, load in another, equal to the uninterrupted run bitwise.
+"$ck" case layers=2 d=8 heads=2 drop=0.2 fx=counter,log,bn,cache,noise opt=adam steps=3 micro=2 plan=block seed=4 > train.json
+"$ck" case layers=2 d=8 heads=2 drop=0.2 fx=counter,log,bn,cache,noise opt=adam steps=3 micro=2 prec=bf16 plan=every2 seed=4 > train16.json
+for cf in train.json train16.json; do
+  expect 0 "uninterrupted run ($cf)" -- "$ck" train $cf
+  full=$(sed -n 's/^position 6\/6 digest //p' out.txt)
+  [ -n "$full" ] || { bad "no digest"; cat out.txt; }
+  for at in 2 3; do
+    expect 0 "save after $at micro-batches ($cf)" -- "$ck" train $cf --until $at --save state$at.ckv
+    expect 0 "resume in a new process ($cf)" -- "$ck" train $cf --resume state$at.ckv
+    grep -q "^position 6/6 digest $full\$" out.txt || { bad "resumed at $at differs from the uninterrupted run ($cf)"; cat out.txt; }
+  done
+done
+# A state file that is truncated, corrupted, of another version or another model: one line, exit 2.
+head -c 100 state2.ckv > trunc.ckv
+expect 2 "a truncated state file" -- "$ck" train train.json --resume trunc.ckv
+grep -q "truncated" err.txt || { bad "truncation message"; cat err.txt; }
+one_line_error "truncated state"
+python3 -c "import sys; b=bytearray(open('state2.ckv','rb').read()); b[len(b)//2]^=1; open('flip.ckv','wb').write(b)"
+expect 2 "a corrupted state file" -- "$ck" train train.json --resume flip.ckv
+grep -q "checksum" err.txt || { bad "corruption message"; cat err.txt; }
+sed '2s/"version":1/"version":9/' state2.ckv > v9.ckv
+expect 2 "a state file of another format version" -- "$ck" train train.json --resume v9.ckv
+grep -q "format version 9" err.txt || { bad "version message"; cat err.txt; }
+"$ck" case layers=3 d=8 heads=2 steps=3 > other.json
+expect 2 "a state file of another model" -- "$ck" train other.json --resume state2.ckv
+grep -q "another model" err.txt || { bad "model message"; cat err.txt; }
+one_line_error "wrong model"
+expect 2 "a state file that is not one" -- "$ck" train train.json --resume train.json
+expect 2 "a state file that does not exist" -- "$ck" train train.json --resume none.ckv
+expect 2 "--until past the end" -- "$ck" train train.json --until 7
+expect 2 "--save over the case file" -- "$ck" train train.json --save train.json
 
 # The time budget bounds the whole run, however many cases are asked for.
 start=$(date +%s)

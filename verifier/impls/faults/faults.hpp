@@ -23,6 +23,12 @@ ImplEntry rng_left_advanced();     // the generators are not put back after the 
 ImplEntry trains_frozen();          // turns on requires_grad of every declared parameter
 ImplEntry frozen_input_shortcut();  // no tensor input requires grad: runs fn without a graph
 ImplEntry first_output_only();      // only the first output keeps its graph
+// Resume faults (resume_savers.cpp): the builtin checkpoint with a training-state saver that forgets
+ImplEntry resume_no_rng();            // the generator states
+ImplEntry resume_rng_before();        // the generators as they were after the step (saves them before it)
+ImplEntry resume_no_optimizer();      // Adam's moments and step counts
+ImplEntry resume_no_running_stats();  // BatchNorm's running statistics
+ImplEntry resume_no_accumulation();   // the position inside the step (gradient accumulation)
 // On the reentrant skeleton (reentrant.hpp):
 ImplEntry reentrant_hooks();       // a correct-looking reentrant checkpoint: parameter hooks run twice
 ImplEntry nograd_forward_cache();  // its no-grad forward poisons autocast's cast cache
