@@ -60,8 +60,9 @@ bool Plan::parse(const std::string& s, Plan& out, std::string& error) {
     error = "plan \"" + s + "\" is not one of " + kPlanSpellings + " (N, K >= 1; I >= 0)";
     return false;
   }
-  if (p.n > kMaxLayers) {
-    error = "plan " + s + ": N, K and I must be at most " + std::to_string(kMaxLayers) + " (the layer limit)";
+  if (p.n > kMaxLayers || (p.kind == PlanKind::from_layer && p.n >= kMaxLayers)) {
+    error = "plan " + s + ": N and K must be at most " + std::to_string(kMaxLayers) + " and I at most " +
+            std::to_string(kMaxLayers - 1) + " (the layer limit)";
     return false;
   }
   out = p;

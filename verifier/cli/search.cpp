@@ -33,6 +33,10 @@ struct Progress {
 
 }  // namespace
 
+rc::Shrinkable<Case> generate(const rc::Gen<Case>& gen, uint64_t seed, int i) {
+  return gen(rc::Random(rc::Random::Key{seed, static_cast<uint64_t>(i), 0x636b766572696679ULL, 1}), 100);
+}
+
 std::vector<Finding> run_checks(const Case& c) {
   auto impl = make_impl(c.impl);
   try {
@@ -55,8 +59,7 @@ SearchResult search(const SearchOptions& o) {
       s.budget_hit = true;
       break;
     }
-    const rc::Shrinkable<Case> shrinkable =
-        gen(rc::Random(rc::Random::Key{o.seed, static_cast<uint64_t>(i), 0x636b766572696679ULL, 1}), 100);
+    const rc::Shrinkable<Case> shrinkable = generate(gen, o.seed, i);
     const Case c = shrinkable.value();
     std::vector<Finding> fs = run_checks(c);
     ++s.ran;

@@ -43,6 +43,9 @@ struct SearchResult {
 
 SearchResult search(const SearchOptions& o);
 
+// Case i of seed `seed` (with its shrink tree), as search() generates it.
+rc::Shrinkable<Case> generate(const rc::Gen<Case>& gen, uint64_t seed, int i);
+
 // The gate on one Case against the implementation the Case names.
 std::vector<Finding> run_checks(const Case& c);
 

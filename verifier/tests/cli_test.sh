@@ -43,6 +43,11 @@ expect 2 "a case file that does not exist" -- "$ck" repro nowhere.json
 expect 2 "unknown plan" -- "$ck" check --plan bogus
 expect 2 "a plan past the layer limit" -- "$ck" check --plan seg70
 expect 2 "unknown impl" -- "$ck" check --impl nope
+expect 2 "a plan whose first layer is past the limit" -- "$ck" check --plan from64
+expect 2 "a device with a trailing blank" -- "$ck" check --cases 1 --device "cpu "
+one_line_error "device with a blank"
+expect 2 "an infinite time budget" -- "$ck" check --cases 1 --time-budget inf
+expect 2 "an empty output path" -- "$ck" check --cases 1 --json ""
 expect 2 "missing output directory" -- "$ck" check --cases 5 --json nodir/r.json
 [ ! -e nodir ] || bad "created output"
 mkdir -p adir
@@ -95,6 +100,19 @@ expect 2 "a state file that is not one" -- "$ck" train train.json --resume train
 expect 2 "a state file that does not exist" -- "$ck" train train.json --resume none.ckv
 expect 2 "--until past the end" -- "$ck" train train.json --until 7
 expect 2 "--save over the case file" -- "$ck" train train.json --save train.json
+
+# The AMP drift audit: the builtin adds no drift; a recompute that loses autocast's casts or replays
+# from detached leaves does, and a recompute that throws is a finding.
+"$ck" case layers=4 d=8 heads=2 pos=post attn=bidir act=swiglu plan=every2 seed=5 > amp.json
+expect 0 "audit-amp on the builtin" -- "$ck" audit-amp amp.json --json amp_out.json --plot amp.png
+grep -q "^bf16 .*every2 .*layer" out.txt || { bad "audit table lacks bf16 checkpointed rows"; cat out.txt; }
+grep -q '"noise_floor"' amp_out.json || bad "audit JSON lacks the noise floor"
+[ "$(head -c 4 amp.png | tail -c 3)" = "PNG" ] || bad "audit plot is not a PNG"
+expect 1 "audit-amp catches drift (leaf-input-recompute)" -- "$ck" audit-amp amp.json --impl leaf-input-recompute
+grep -q "^FAIL: checkpoint drift exceeds the measured noise floor: bf16" out.txt || { bad "drift verdict"; cat out.txt; }
+expect 1 "audit-amp reports a failing recompute (no-autocast-replay)" -- "$ck" audit-amp amp.json --impl no-autocast-replay
+expect 0 "audit-amp over generated cases" -- "$ck" audit-amp --cases 3 --seed 2
+expect 2 "audit-amp plot that is not a .png" -- "$ck" audit-amp amp.json --plot amp.txt
 
 # The time budget bounds the whole run, however many cases are asked for.
 start=$(date +%s)

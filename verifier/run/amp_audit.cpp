@@ -1,0 +1,142 @@
+// verifier/run/amp_audit.cpp: see amp_audit.hpp.
+#include "verifier/run/amp_audit.hpp"
+
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "verifier/run/run.hpp"
+
+namespace ckv {
+namespace {
+
+// The parameter group of a layout name: "layer3.attn.wq.weight" -> "layer3"; "head.weight" -> "head".
+std::string group_of(const std::string& name) {
+  return name.substr(0, name.find('.'));
+}
+
+struct GroupStats {
+  double diff2 = 0.0, ref2 = 0.0, diff_max = 0.0, ref_max = 0.0;
+  double rel_l2() const {
+    if (ref2 == 0.0) return diff2 == 0.0 ? 0.0 : INFINITY;
+    return std::sqrt(diff2 / ref2);
+  }
+  double max_rel() const {
+    if (ref_max == 0.0) return diff_max == 0.0 ? 0.0 : INFINITY;
+    return diff_max / ref_max;
+  }
+};
+
+// Per group, `actual` against `expected` (same layout).
+std::map<std::string, GroupStats> compare_groups(const ParamSet& actual, const ParamSet& expected) {
+  std::map<std::string, GroupStats> out;
+  for (size_t k = 0; k < expected.items.size(); ++k) {
+    GroupStats& g = out[group_of(expected.items[k].name)];
+    const auto &a = actual.items.at(k).data, &e = expected.items[k].data;
+    for (size_t i = 0; i < e.size(); ++i) {
+      const double d = a[i] - e[i];
+      g.diff2 += d * d, g.ref2 += e[i] * e[i];
+      g.diff_max = std::max(g.diff_max, std::abs(d)), g.ref_max = std::max(g.ref_max, std::abs(e[i]));
+    }
+  }
+  return out;
+}
+
+RunRecord run_or_throw(const Case& c, CheckpointImpl* impl, const std::string& what) {
+  RunRecord r = train(c, impl);
+  if (!r.completed || r.steps.empty()) throw std::runtime_error(what + " failed: " + r.error);
+  return r;
+}
+
+// The fp64 reference of step 0 of run `r` of Case `c`, fed that run's own masks.
+ExpectedStep reference_for(const Case& c, const RunRecord& r) {
+  Observations o;
+  o.c = c;
+  o.initial_params = make_params(c.model, c.seed);
+  for (int m = 0; m < c.micro; ++m) o.data.push_back(make_case_data(c.model, c.batch, c.seq, c.seed, m));
+  o.test = r;
+  return expected_step(o, 0, RefScalar::fp64);
+}
+
+double loss_of(const std::vector<double>& losses) {
+  double s = 0.0;
+  for (double l : losses) s += l;
+  return s;
+}
+
+}  // namespace
+
+AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
+  Case base = given;
+  base.steps = 1, base.resume = 0, base.inplace = false, base.gp = 0.0;  // step 0 against the reference
+  if (base.plan.kind == PlanKind::none) base.plan = Plan{PlanKind::every_block, 0};
+  check_environment(base);
+  AmpAudit a;
+  a.case_line = to_line(base);
+  a.plan = base.plan.to_string();
+  const int threads = torch::get_num_threads();
+  a.threads_a = threads;
+  a.threads_b = threads == 1 ? std::max(2u, std::thread::hardware_concurrency()) : 1;
+  const int positions = base.model.layers;
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    Case c = base;
+    c.precision = p;
+    const std::string name(to_string(p));
+    if (p == Precision::fp16 && c.device == "cpu" && !compat::kCpuFp16Autocast) {
+      a.skipped.push_back(name + ": CPU fp16 autocast needs LibTorch >= 2.3 (this build has " TORCH_VERSION ")");
+      continue;
+    }
+    a.precisions.push_back(name);
+    Case plain = c;
+    plain.impl = "builtin";
+    plain.plan = Plan{};
+    const RunRecord none = run_or_throw(plain, nullptr, name + " without checkpointing");
+    const RunRecord ckpt = train(c, &impl);
+    if (!ckpt.completed || ckpt.steps.empty()) {
+      a.failed.push_back(name + ": the run under test (" + c.impl + ", plan " + a.plan + ") failed: " + ckpt.error);
+      continue;
+    }
+    torch::set_num_threads(a.threads_b);
+    RunRecord other;
+    try {
+      other = run_or_throw(plain, nullptr, name + " without checkpointing, other thread count");
+    } catch (...) {
+      torch::set_num_threads(threads);
+      throw;
+    }
+    torch::set_num_threads(threads);
+
+    const ExpectedStep ref_none = reference_for(plain, none), ref_ckpt = reference_for(c, ckpt);
+    const auto err_none = compare_groups(none.steps[0].grads, ref_none.grads);
+    const auto err_ckpt = compare_groups(ckpt.steps[0].grads, ref_ckpt.grads);
+    const auto drift = compare_groups(ckpt.steps[0].grads, none.steps[0].grads);
+    const auto floor = compare_groups(other.steps[0].grads, none.steps[0].grads);
+    auto position_of = [&](const std::string& g) {
+      if (g.rfind("layer", 0) == 0) return std::stoi(g.substr(5));
+      return g == "norm_f" ? positions : positions + 1;
+    };
+    for (const auto& [group, e] : err_none) {
+      AmpRow r;
+      r.precision = name, r.group = group, r.position = position_of(group);
+      r.floor = floor.at(group).rel_l2();
+      r.rel_l2 = e.rel_l2(), r.max_rel = e.max_rel();
+      a.rows.push_back(r);
+      r.checkpointed = true;
+      r.rel_l2 = err_ckpt.at(group).rel_l2(), r.max_rel = err_ckpt.at(group).max_rel();
+      r.drift = drift.at(group).rel_l2();
+      a.rows.push_back(r);
+      if (!(r.drift <= r.floor))
+        a.exceeded.push_back(name + " " + group + ": checkpoint drift " + std::to_string(r.drift) + " > noise floor " +
+                             std::to_string(r.floor));
+    }
+    const double l64n = loss_of(ref_none.losses), l64c = loss_of(ref_ckpt.losses);
+    a.loss_error.emplace_back(name + "/none", std::abs(loss_of(none.steps[0].losses) - l64n) / std::abs(l64n));
+    a.loss_error.emplace_back(name + "/checkpointed", std::abs(loss_of(ckpt.steps[0].losses) - l64c) / std::abs(l64c));
+  }
+  return a;
+}
+
+}  // namespace ckv
