@@ -62,7 +62,13 @@ Finding judge(const Observations& o) {
     const Ledger &t = o.test.steps[s].ledger, &b = o.baseline.steps[s].ledger;
     const int step = static_cast<int>(s);
     auto fail = [&](const std::string& where, const std::string& what) {
-      return Finding::fail(kName, step, fmt::format("step {} {}", step, where), what);
+      const bool module =
+          where.find("generators") == std::string::npos && where.find("(baseline)") == std::string::npos;
+      return Finding::fail(kName, step, fmt::format("step {} {}", step, where),
+                           module ? what +
+                                        " (a recompute not marked with ckv::SegmentScope, segment_scope.hpp, replays "
+                                        "the module's effect)"
+                                  : what);
     };
     for (int l = 0; l < c.model.layers; ++l) {
       const size_t li = static_cast<size_t>(l);
