@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +31,11 @@ std::string quoted(const std::string& s) {
       out += c;
   }
   return out + "'";
+}
+mode_t current_umask() {
+  const mode_t m = ::umask(0);
+  ::umask(m);
+  return m;
 }
 }  // namespace
 
@@ -108,7 +114,8 @@ void write_png(const LinePlot& p, const std::string& png_path) {
     err = "gnuplot failed: " + line.substr(0, 200);
   } else if (std::error_code ec; fs::file_size(tmp_png, ec) == 0 || ec) {
     err = "gnuplot wrote no image";
-  } else if (std::rename(tmp_png.c_str(), png_path.c_str()) != 0) {
+  } else if (::chmod(tmp_png.c_str(), 0666 & ~current_umask()) != 0 ||  // mkstemps made it 0600
+             std::rename(tmp_png.c_str(), png_path.c_str()) != 0) {
     err = std::string("cannot write ") + png_path + ": " + std::strerror(errno);
   }
   if (!err.empty()) ::unlink(tmp_png.c_str());

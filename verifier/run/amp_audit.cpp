@@ -1,6 +1,7 @@
 // verifier/run/amp_audit.cpp: see amp_audit.hpp.
 #include "verifier/run/amp_audit.hpp"
 
+#include <fmt/format.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -129,8 +130,8 @@ AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
       r.drift = drift.at(group).rel_l2();
       a.rows.push_back(r);
       if (!(r.drift <= r.floor))
-        a.exceeded.push_back(name + " " + group + ": checkpoint drift " + std::to_string(r.drift) + " > noise floor " +
-                             std::to_string(r.floor));
+        a.exceeded.push_back(
+            fmt::format("{} {}: checkpoint drift {:.3e} > noise floor {:.3e}", name, group, r.drift, r.floor));
     }
     const double l64n = loss_of(ref_none.losses), l64c = loss_of(ref_ckpt.losses);
     a.loss_error.emplace_back(name + "/none", std::abs(loss_of(none.steps[0].losses) - l64n) / std::abs(l64n));
