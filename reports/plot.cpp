@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +39,19 @@ mode_t current_umask() {
   return m;
 }
 }  // namespace
+
+bool gnuplot_available() {
+  const char* path = std::getenv("PATH");
+  if (!path) return false;
+  std::string dirs = path;
+  for (size_t start = 0; start <= dirs.size();) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    const std::string dir = dirs.substr(start, end - start);
+    if (::access(((dir.empty() ? "." : dir) + "/gnuplot").c_str(), X_OK) == 0) return true;
+    start = end + 1;
+  }
+  return false;
+}
 
 std::string gnuplot_data(const LinePlot& p) {
   std::string out;

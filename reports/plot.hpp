@@ -31,6 +31,8 @@ class PlotError : public std::runtime_error {
 // The gnuplot script for `p` reading `data_path` (one block per series) and writing `png_path`.
 std::string gnuplot_script(const LinePlot& p, const std::string& data_path, const std::string& png_path);
 std::string gnuplot_data(const LinePlot& p);
+// Whether a gnuplot executable is on PATH.
+bool gnuplot_available();
 // Writes the plot; throws PlotError (gnuplot missing or failing) naming the reason.
 void write_png(const LinePlot& p, const std::string& png_path);
 

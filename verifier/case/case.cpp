@@ -433,15 +433,22 @@ std::string effects_to_string(unsigned effects) {
 bool effects_from_string(const std::string& s, unsigned& out, std::string& error) {
   unsigned effects = 0;
   if (s != "none") {
-    std::stringstream ps(s);
-    for (std::string part; std::getline(ps, part, ',');) {
-      bool found = false;
-      for (const auto& [bit, name] : kEffects)
-        if (part == name) effects |= bit, found = true;
-      if (!found) {
-        error = "is not none or a comma list of counter|log|bn|noise|cache|external";
+    // Every comma-separated part must name an effect once: no empty parts ("", "counter,"), no repeats.
+    size_t start = 0;
+    while (true) {
+      const size_t end = std::min(s.find(',', start), s.size());
+      const std::string part = s.substr(start, end - start);
+      unsigned bit = 0;
+      for (const auto& [b, name] : kEffects)
+        if (part == name) bit = b;
+      if (bit == 0 || (effects & bit) != 0) {
+        error = bit == 0 ? "is not none or a comma list of counter|log|bn|noise|cache|external"
+                         : "names " + part + " twice";
         return false;
       }
+      effects |= bit;
+      if (end == s.size()) break;
+      start = end + 1;
     }
   }
   out = effects;

@@ -168,7 +168,7 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
 }
 
 int cmd_repro(const std::string& path, const Outputs& out) {
-  check_outputs(out.paths());
+  check_outputs(out.paths(), {{"the case file", path}});
   Case c;
   try {
     c = load_case_file(path);
@@ -306,9 +306,7 @@ int cmd_train(const std::string& path, int until, const std::string& save, const
     throw UsageError(e.what());
   }
   if (!find_impl(c.impl)) make_impl(c.impl);
-  if (!save.empty() && save == path) throw UsageError("--save would overwrite the Case file " + sanitize(path));
-  if (!save.empty() && save == resume) throw UsageError("--save and --resume name the same file; save elsewhere");
-  check_outputs({{"--save", save}});
+  check_outputs({{"--save", save}}, {{"the case file", path}, {"--resume", resume}});
   const std::unique_ptr<CheckpointImpl> impl = make_impl(c.impl);
   TrainingRun run(c, impl.get());
   if (!resume.empty()) run.load(load_state_file(resume, c));
@@ -340,12 +338,17 @@ int cmd_train(const std::string& path, int until, const std::string& save, const
 // The AMP drift audit (verifier/run/amp_audit.hpp) of one Case file, or of generated Cases (the worst
 // figure of each precision, mode and group over them). Exit 1 when checkpoint drift exceeds the noise floor.
 int cmd_audit_amp(const std::string& path, const std::string& impl_name, const std::string& plan_text, int cases,
-                  uint64_t seed, const std::string& json_path, const std::string& plot_path,
+                  bool cases_given, uint64_t seed, const std::string& json_path, const std::string& plot_path,
                   const std::string& device) {
-  check_outputs({{"--json", json_path}, {"--plot", plot_path}});
-  if (!plot_path.empty() && (plot_path.size() < 4 || plot_path.compare(plot_path.size() - 4, 4, ".png") != 0))
+  check_outputs({{"--json", json_path}, {"--plot", plot_path}}, {{"the case file", path}});
+  auto lower = plot_path;
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (!plot_path.empty() && (lower.size() < 4 || lower.compare(lower.size() - 4, 4, ".png") != 0))
     throw UsageError("--plot must name a .png file");
+  if (!plot_path.empty() && !report::gnuplot_available())
+    throw EnvironmentError("--plot needs gnuplot (apt-get install gnuplot-nox), which is not on PATH");
   if (cases < 1) throw UsageError("--cases must be >= 1");
+  if (!path.empty() && cases_given) throw UsageError("--cases generates Cases: give it or a Case file, not both");
   check_device(device, false);
   std::vector<Case> todo;
   CaseGenOptions gen;
@@ -356,6 +359,10 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
     Plan p;
     std::string err;
     if (!Plan::parse(plan_text, p, err)) throw UsageError("--plan: " + sanitize(err, 160));
+    if (p.kind == PlanKind::none)
+      throw UsageError(
+          "--plan none: audit-amp compares runs with and without checkpointing; give a plan that "
+          "checkpoints something");
     gen.plan = p;
   }
   if (!path.empty()) {
@@ -501,6 +508,7 @@ int main(int argc, char** argv) {
   std::string impl = "builtin", plan, json_path, repro_path = "ckverify-repro.json", device = "cpu", case_path;
   int cases = 2000;
   uint64_t seed = 1;
+  std::string seed_text = "1";
   double budget = 180;
 
   auto* check = app.add_subcommand("check", "Run the properties (" + property_list() +
@@ -510,7 +518,8 @@ int main(int argc, char** argv) {
   check->add_option("--plan", plan,
                     std::string("Checkpoint plan for every case (") + kPlanSpellings + "); default: generated");
   check->add_option("--cases", cases, "Number of generated cases")->capture_default_str();
-  check->add_option("--seed", seed, "Seed; the same seed generates the same cases")->capture_default_str();
+  check->add_option("--seed", seed_text, "Seed in [0, 2^64); the same seed generates the same cases")
+      ->capture_default_str();
   check
       ->add_option("--time-budget", budget,
                    "Stop after this many seconds, shrinking included (the report says how many cases ran)")
@@ -534,7 +543,7 @@ int main(int argc, char** argv) {
   double fault_budget = 120;
   faults->add_option("--cases", fault_cases, "Cases per fault before it counts as having survived")
       ->capture_default_str();
-  faults->add_option("--seed", seed, "Seed")->capture_default_str();
+  faults->add_option("--seed", seed_text, "Seed in [0, 2^64)")->capture_default_str();
   faults->add_option("--time-budget", fault_budget, "Per fault: stop after this many seconds")->capture_default_str();
   faults->add_option("--json", json_path, "Write the table as JSON to this file");
   faults->add_option("--device", device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
@@ -568,7 +577,7 @@ int main(int argc, char** argv) {
   audit->add_option("--impl", audit_impl, "Implementation under test (default: the Case's, or builtin)");
   audit->add_option("--plan", plan, "Checkpoint plan (default: the Case's; block when it has none)");
   audit->add_option("--cases", audit_cases, "Generated Cases when no Case file is given")->capture_default_str();
-  audit->add_option("--seed", seed, "Seed for generated Cases")->capture_default_str();
+  audit->add_option("--seed", seed_text, "Seed for generated Cases, in [0, 2^64)")->capture_default_str();
   audit->add_option("--json", json_path, "Write the audit as JSON to this file");
   audit->add_option("--plot", audit_plot, "Write the per-group error plot (PNG, through gnuplot) to this file");
   audit->add_option("--device", device, "Device: cpu, cuda or cuda:N")->capture_default_str();
@@ -593,13 +602,24 @@ int main(int argc, char** argv) {
             return kExitUsage;
           }
   try {
+    try {  // the Case's own seed parser: decimal, in [0, 2^64), nothing after it
+      seed = case_from_line("seed=" + seed_text).seed;
+      if (seed_text.find_first_not_of("0123456789") != std::string::npos) throw CaseError("not a decimal number");
+    } catch (const CaseError&) {
+      throw UsageError("--seed \"" + sanitize(seed_text) + "\" is not an integer in [0, 2^64)");
+    }
     if (*check) return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device);
     if (*repro) return cmd_repro(case_path, outs);
     if (*faults) return cmd_faults(fault_cases, seed, fault_budget, json_path, device);
     if (*list) return cmd_list();
     if (*case_cmd) return cmd_case(case_words);
-    if (*audit) return cmd_audit_amp(case_path, audit_impl, plan, audit_cases, seed, json_path, audit_plot, device);
-    if (*train) return cmd_train(case_path, until, save_path, resume_path);
+    if (*audit)
+      return cmd_audit_amp(case_path, audit_impl, plan, audit_cases, audit->count("--cases") > 0, seed, json_path,
+                           audit_plot, device);
+    if (*train) {
+      if (train->count("--until") > 0 && until < 0) throw UsageError("--until must be >= 0");
+      return cmd_train(case_path, until, save_path, resume_path);
+    }
   } catch (const UsageError& e) {
     std::cerr << "ckverify: " << e.what() << std::endl;
     return kExitUsage;

@@ -14,8 +14,13 @@
 namespace ckv::cli {
 namespace fs = std::filesystem;
 
-void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                   const std::vector<std::pair<std::string, std::string>>& inputs) {
   std::vector<std::pair<std::string, fs::path>> seen;
+  for (const auto& [what, path] : inputs) {  // an output must never replace an input, however spelled
+    std::error_code ec;
+    if (!path.empty()) seen.emplace_back(what, fs::weakly_canonical(fs::absolute(path), ec));
+  }
   for (const auto& [option, path] : outputs) {
     if (path.empty()) continue;
     const std::string shown = option + " " + sanitize(path, 200);
@@ -27,7 +32,8 @@ void check_outputs(const std::vector<std::pair<std::string, std::string>>& outpu
     const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
-      throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " does not exist");
+      throw UsageError(shown + ": " + sanitize(dir.string(), 200) +
+                       (fs::exists(dir, ec) ? " is not a directory" : " does not exist"));
     if (::access(dir.c_str(), W_OK) != 0)
       throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " is not writable");
     const fs::path canon = fs::weakly_canonical(fs::absolute(path), ec);

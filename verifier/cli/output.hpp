@@ -16,8 +16,11 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// (option, path) pairs; empty paths are skipped. Throws UsageError naming the option.
-void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+// (option, path) pairs; empty paths are skipped. Throws UsageError naming the option. `inputs` are the
+// files the command reads ("the case file", path): no output may be one of them, whatever the spelling
+// or a symbolic link says.
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                   const std::vector<std::pair<std::string, std::string>>& inputs = {});
 // Throws UsageError when the file cannot be written (nothing is left behind).
 void write_atomically(const std::string& path, const std::string& text);
 

@@ -31,11 +31,14 @@ struct GroupStats {
   }
 };
 
-// Per group, `actual` against `expected` (same layout).
-std::map<std::string, GroupStats> compare_groups(const ParamSet& actual, const ParamSet& expected) {
+// Per group, `actual` against `expected` (same layout); `only`: the parameters to compare (those that got
+// a gradient: a frozen parameter has none in LibTorch while the reference differentiates everything).
+std::map<std::string, GroupStats> compare_groups(const ParamSet& actual, const ParamSet& expected,
+                                                 const std::vector<bool>* only = nullptr) {
   std::map<std::string, GroupStats> out;
   for (size_t k = 0; k < expected.items.size(); ++k) {
     GroupStats& g = out[group_of(expected.items[k].name)];
+    if (only && !only->at(k)) continue;
     const auto &a = actual.items.at(k).data, &e = expected.items[k].data;
     for (size_t i = 0; i < e.size(); ++i) {
       const double d = a[i] - e[i];
@@ -111,8 +114,8 @@ AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
     torch::set_num_threads(threads);
 
     const ExpectedStep ref_none = reference_for(plain, none), ref_ckpt = reference_for(c, ckpt);
-    const auto err_none = compare_groups(none.steps[0].grads, ref_none.grads);
-    const auto err_ckpt = compare_groups(ckpt.steps[0].grads, ref_ckpt.grads);
+    const auto err_none = compare_groups(none.steps[0].grads, ref_none.grads, &none.steps[0].grad_defined);
+    const auto err_ckpt = compare_groups(ckpt.steps[0].grads, ref_ckpt.grads, &ckpt.steps[0].grad_defined);
     const auto drift = compare_groups(ckpt.steps[0].grads, none.steps[0].grads);
     const auto floor = compare_groups(other.steps[0].grads, none.steps[0].grads);
     auto position_of = [&](const std::string& g) {

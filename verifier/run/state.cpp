@@ -7,7 +7,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace ckv {
 namespace {
@@ -147,9 +149,25 @@ TrainingState decode_state(const std::string& bytes, const Case& c) {
               << (8 * i);
   if (stored != fnv1a(bytes.data(), body + payload_bytes)) fail("corrupted (checksum mismatch)");
   const std::string key = header.value("case", std::string());
-  if (key != state_key(c))
-    fail("saved from another model or data (\"" + sanitize(key, 160) + "\"), not this Case (\"" +
-         sanitize(state_key(c), 160) + "\")");
+  if (const std::string here = state_key(c); key != here) {
+    // Name the fields that differ, not two long lines.
+    auto fields = [](const std::string& line) {
+      std::map<std::string, std::string> m;
+      std::istringstream is(line);
+      for (std::string tok; is >> tok;) m[tok.substr(0, tok.find('='))] = tok;
+      return m;
+    };
+    const auto a = fields(key), b = fields(here);
+    std::string diff;
+    for (const auto& [k, v] : b) {
+      const auto it = a.find(k);
+      const std::string was = it == a.end() ? k + " unset" : it->second;
+      if (was != v) diff += (diff.empty() ? "" : ", ") + was + " in the state, " + v + " here";
+    }
+    for (const auto& [k, v] : a)
+      if (!b.count(k)) diff += (diff.empty() ? "" : ", ") + v + " in the state, unset here";
+    fail("saved from another model or data: " + sanitize(diff.empty() ? key : diff, 300));
+  }
 
   TrainingState s;
   s.case_key = key;

@@ -100,6 +100,15 @@ expect 2 "a state file that is not one" -- "$ck" train train.json --resume train
 expect 2 "a state file that does not exist" -- "$ck" train train.json --resume none.ckv
 expect 2 "--until past the end" -- "$ck" train train.json --until 7
 expect 2 "--save over the case file" -- "$ck" train train.json --save train.json
+expect 2 "--save over the case file, spelled otherwise" -- "$ck" train train.json --save ./train.json
+ln -sf train.json trainlink.json
+expect 2 "--save over the case file through a link" -- "$ck" train trainlink.json --save train.json
+expect 2 "--until negative" -- "$ck" train train.json --until -1
+expect 2 "a negative seed" -- "$ck" check --cases 1 --seed -1
+expect 2 "a seed past 2^64" -- "$ck" check --cases 1 --seed 18446744073709551616
+"$ck" case layers=2 d=8 heads=2 drop=0.2 fx=counter,log,bn,cache,noise opt=adam steps=3 micro=2 plan=block seed=9 > otherseed.json
+expect 2 "a state file of another seed" -- "$ck" train otherseed.json --resume state2.ckv
+grep -q "seed=4 in the state, seed=9 here" err.txt || { bad "state key difference not named"; cat err.txt; }
 
 # The AMP drift audit: the builtin adds no drift; a recompute that loses autocast's casts or replays
 # from detached leaves does, and a recompute that throws is a finding.
@@ -113,6 +122,12 @@ grep -q "^FAIL: checkpoint drift exceeds the measured noise floor: bf16" out.txt
 expect 1 "audit-amp reports a failing recompute (no-autocast-replay)" -- "$ck" audit-amp amp.json --impl no-autocast-replay
 expect 0 "audit-amp over generated cases" -- "$ck" audit-amp --cases 3 --seed 2
 expect 2 "audit-amp plot that is not a .png" -- "$ck" audit-amp amp.json --plot amp.txt
+expect 2 "audit-amp writing over its case file" -- "$ck" audit-amp amp.json --json ./amp.json
+expect 2 "audit-amp --plan none" -- "$ck" audit-amp amp.json --plan none
+expect 2 "audit-amp with a case file and --cases" -- "$ck" audit-amp amp.json --cases 3
+"$ck" case layers=2 d=8 heads=2 freeze=blocks seed=3 > frozen.json
+expect 0 "audit-amp with frozen parameters" -- "$ck" audit-amp frozen.json
+grep -q "^fp32 .* layer0 .* 1.000e+00" out.txt && bad "frozen parameters counted as errors against fp64"
 
 # The time budget bounds the whole run, however many cases are asked for.
 start=$(date +%s)

@@ -129,7 +129,9 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"plan=from64", true, "I at most 63"}, Bad{"plan=seg9 layers=2", true, "seg9 needs K <= layers=2"},
         Bad{"device=tpu", true, "cpu|cuda|cuda:N"}, Bad{"colour=red", true, "unknown key \"colour\""},
         Bad{"fx=bn batch=1 seq=1", true, "fx=bn needs batch x seq >= 2"}, Bad{"fx=lasers", true, "fx="},
-        Bad{"d=abc", true, "d=\"abc\" is not an integer"}, Bad{"d=99999999999999999999999", true, "is not an integer"},
+        Bad{"fx=", true, "fx="}, Bad{"fx=counter,", true, "fx="},
+        Bad{"fx=counter,counter", true, "names counter twice"}, Bad{"d=abc", true, "d=\"abc\" is not an integer"},
+        Bad{"d=99999999999999999999999", true, "is not an integer"},
         Bad{"seed=18446744073709551616", true, "seed=\"18446744073709551616\" is not an integer in [0, 2^64)"},
         Bad{"impl=a\x01"
             "b",
