@@ -167,14 +167,18 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
   return emit(r, out);
 }
 
-int cmd_repro(const std::string& path, const Outputs& out) {
-  check_outputs(out.paths(), {{"the case file", path}});
-  Case c;
+// A Case file named on the command line: a bad one is a usage error.
+Case load_case_argument(const std::string& path) {
   try {
-    c = load_case_file(path);
+    return load_case_file(path);
   } catch (const CaseError& e) {
     throw UsageError(e.what());
   }
+}
+
+int cmd_repro(const std::string& path, const Outputs& out) {
+  check_outputs(out.paths(), {{"the case file", path}});
+  Case c = load_case_argument(path);
   if (!find_impl(c.impl)) make_impl(c.impl);
   if (const std::string why = unobservable_here(*find_impl(c.impl), c.device); !why.empty())
     throw EnvironmentError(why);
@@ -299,12 +303,7 @@ int cmd_case(const std::vector<std::string>& words) {
 // Prints every completed step's loss and the digest of the whole training state at the end, so runs in
 // different processes can be compared (the cross-process resume test does).
 int cmd_train(const std::string& path, int until, const std::string& save, const std::string& resume) {
-  Case c;
-  try {
-    c = load_case_file(path);
-  } catch (const CaseError& e) {
-    throw UsageError(e.what());
-  }
+  Case c = load_case_argument(path);
   if (!find_impl(c.impl)) make_impl(c.impl);
   check_outputs({{"--save", save}}, {{"the case file", path}, {"--resume", resume}});
   const std::unique_ptr<CheckpointImpl> impl = make_impl(c.impl);
@@ -366,11 +365,7 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
     gen.plan = p;
   }
   if (!path.empty()) {
-    try {
-      todo.push_back(load_case_file(path));
-    } catch (const CaseError& e) {
-      throw UsageError(e.what());
-    }
+    todo.push_back(load_case_argument(path));
     if (!impl_name.empty()) todo.back().impl = impl_name;
     if (gen.plan) todo.back().plan = *gen.plan;
   } else {

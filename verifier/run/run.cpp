@@ -753,22 +753,21 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     const StateFault fault = info ? info->state_fault : StateFault::none;
     o.resume_exp.ran = true;
     o.resume_exp.position = c.resume;
-    const std::string dir = make_temp_dir();
     try {
-      const std::string path = dir + "/state.ckv";
+      // The state goes through the file format (encoded, verified, decoded) in memory: no file I/O per
+      // case; cli_tests carries it through real files and separate processes.
+      std::string bytes;
       {
         Trainer first(c, o, &impl, Mode::normal, -1);
         first.advance_to(c.resume);
-        save_state_file(path, first.save_state(fault));
+        bytes = encode_state(first.save_state(fault));
       }
       Trainer second(c, o, &impl, Mode::normal, -1);
-      second.load_state(load_state_file(path, c));
+      second.load_state(decode_state(bytes, c));
       o.resume_exp.steps = second.advance_to(c.steps * c.micro);
     } catch (const std::exception& e) {
       o.resume_exp.error = first_line(e.what());
     }
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
   }
 
   if (!o.test.completed)
@@ -820,8 +819,7 @@ std::string TrainingRun::digest() const {
   TrainingState s = impl_->t->save_state(StateFault::none);
   s.case_key.clear();
   const std::string bytes = encode_state(s);
-  uint64_t h = 1469598103934665603ull;
-  for (char ch : bytes) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  const uint64_t h = fnv1a(bytes.data(), bytes.size());
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;

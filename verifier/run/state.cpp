@@ -1,9 +1,6 @@
 // verifier/run/state.cpp: see state.hpp.
 #include "verifier/run/state.hpp"
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +18,8 @@ constexpr size_t kMaxStateBytes = size_t{1} << 34;  // 16 GiB: a Case's state is
   throw StateError("state file: " + m);
 }
 
+}  // namespace
+
 uint64_t fnv1a(const char* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; ++i) {
@@ -30,6 +29,7 @@ uint64_t fnv1a(const char* p, size_t n) {
   return h;
 }
 
+namespace {
 // One payload array: float64 (with a shape), int64 or bytes.
 struct Entry {
   std::string name, type;
@@ -225,31 +225,6 @@ TrainingState decode_state(const std::string& bytes, const Case& c) {
   if (header.value("position", -1) != s.position)
     fail("corrupted (the header and the payload disagree on the position)");
   return s;
-}
-
-void save_state_file(const std::string& path, const TrainingState& s) {
-  const std::string bytes = encode_state(s);
-  const std::filesystem::path target(path);
-  std::string tmpl =
-      (target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path()) / (".ckverify-state-XXXXXX");
-  const int fd = ::mkstemp(tmpl.data());
-  if (fd < 0) throw StateError("cannot write the state file next to " + sanitize(path) + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmpl.c_str());
-      throw StateError("cannot write the state file " + sanitize(path) + ": " + std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || std::rename(tmpl.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmpl.c_str());
-    throw StateError("cannot write the state file " + sanitize(path) + ": " + std::strerror(err));
-  }
 }
 
 TrainingState load_state_file(const std::string& path, const Case& c) {

@@ -60,12 +60,13 @@ struct TrainingState {
 // position, the plan, the implementation, the device).
 std::string state_key(const Case& c);
 
-// Writes atomically (a temporary file in the same directory, then rename); throws StateError.
-void save_state_file(const std::string& path, const TrainingState& s);
 // Reads and verifies a state file for Case `c`; throws StateError with one line naming the problem.
 TrainingState load_state_file(const std::string& path, const Case& c);
 
-// Serialisation without the file, for tests.
+// FNV-1a 64-bit hash (the file's checksum, and TrainingRun::digest).
+uint64_t fnv1a(const char* p, size_t n);
+
+// The file's bytes (written by the CLI's atomic writer), and their verified decoding.
 std::string encode_state(const TrainingState& s);
 TrainingState decode_state(const std::string& bytes, const Case& c);
 
