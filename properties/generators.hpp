@@ -107,7 +107,8 @@ inline rc::Gen<Case> gen_case(const CaseGenOptions& o) {
           gen::set(&Case::plan, plan)),
       [o](Case c) {
         if (c.gp > 0.0) c.input_frozen = false;                         // the penalty is on dloss/dx
-        if (c.model.has(kBatchNorm) && c.batch * c.seq < 2) c.seq = 2;  // BatchNorm needs two values per channel
+        if (c.model.has(kBatchNorm) && c.batch * c.seq < 4)
+          c.seq = (4 + c.batch - 1) / c.batch;  // BatchNorm needs four values per channel (case.cpp)
         if (c.resume > 0) {  // a save position inside the run (at a step boundary under sched=ffbb)
           const int total = c.steps * c.micro;
           c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);

@@ -128,7 +128,7 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"plan=every0", true, "none|block|everyN|segK|sqrt|attn|ffn|fromI"}, Bad{"plan=seg70", true, "at most 64"},
         Bad{"plan=from64", true, "I at most 63"}, Bad{"plan=seg9 layers=2", true, "seg9 needs K <= layers=2"},
         Bad{"device=tpu", true, "cpu|cuda|cuda:N"}, Bad{"colour=red", true, "unknown key \"colour\""},
-        Bad{"fx=bn batch=1 seq=1", true, "fx=bn needs batch x seq >= 2"}, Bad{"fx=lasers", true, "fx="},
+        Bad{"fx=bn batch=1 seq=1", true, "fx=bn needs batch x seq >= 4"}, Bad{"fx=lasers", true, "fx="},
         Bad{"fx=", true, "fx="}, Bad{"fx=counter,", true, "fx="},
         Bad{"fx=counter,counter", true, "names counter twice"}, Bad{"d=abc", true, "d=\"abc\" is not an integer"},
         Bad{"d=99999999999999999999999", true, "is not an integer"},
