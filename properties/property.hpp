@@ -54,6 +54,7 @@ Property refuses_inplace_property();
 Property exception_safe_property();
 Property side_effect_once_property();
 Property resume_property();
+Property memory_saved_property();
 Property grad_baseline_property();
 Property grad_reference_property();
 

@@ -30,7 +30,7 @@ const std::vector<Property>& properties() {
   static const std::vector<Property> v = {
       rng_replay_property(),      autocast_replay_property(), recompute_count_property(),  completes_property(),
       refuses_inplace_property(), exception_safe_property(),  side_effect_once_property(), resume_property(),
-      grad_baseline_property(),   grad_reference_property(),
+      memory_saved_property(),    grad_baseline_property(),   grad_reference_property(),
   };
   return v;
 }

@@ -71,6 +71,7 @@ const FaultDemo kDemos[] = {
     {"per-segment-state", "micro=2 sched=ffbb", "micro=2 sched=fb"},
     {"replays-effects", "fx=counter,log,bn,cache micro=2", "fx=noise micro=2"},
     {"rng-left-advanced", "fx=noise drop=0", "drop=0"},
+    {"keep-activations", "batch=4 seq=8", "batch=4 seq=8 plan=none"},
     {"resume-no-rng", "resume=1", "drop=0 resume=1"},
     {"resume-rng-before", "resume=1", "drop=0 resume=1"},
     {"resume-no-optimizer", "opt=adam resume=1", "opt=sgd resume=1"},
@@ -141,6 +142,49 @@ TEST(Faults, CpuRngOnlyIsKilledOnCuda) {
   c.device = "cuda";
   auto impl = make_impl(c.impl);
   EXPECT_TRUE(finding(check_case(c, *impl), "rng-replay").failed());
+}
+
+// ---- memory-saved ----
+
+const char* kMemoryCase = "layers=8 d=16 heads=2 ffn=4 vocab=11 batch=4 seq=16 steps=2 seed=1";
+
+// Every plan holds with the builtin; where the plan should save memory, the peak is judged (the
+// summary says so) and is below the no-checkpoint run's.
+TEST(MemorySaved, EveryPlanHoldsAndThePeakIsJudgedWhereThePlanSaves) {
+  for (const char* plan : {"block", "every2", "sqrt", "seg2", "seg4", "attn", "ffn", "from2", "from6"}) {
+    const Case c = case_from_line(std::string(kMemoryCase) + " plan=" + plan);
+    auto impl = make_builtin();
+    const auto fs = check_case(c, *impl);
+    const Finding& f = finding(fs, "memory-saved");
+    EXPECT_FALSE(f.failed()) << plan << ": " << f.where << ": " << f.detail;
+    if (std::string(plan) == "block" || std::string(plan) == "sqrt" || std::string(plan) == "seg4") {
+      EXPECT_EQ(f.detail.rfind("activation peak", 0), 0u) << plan << " was not judged: " << f.detail;
+    }
+  }
+}
+
+// Each of its two checks fires on its own: memory still held after backward, and a peak the plan
+// should not reach.
+TEST(MemorySaved, BothChecksFire) {
+  const Case c = case_from_line(std::string(kMemoryCase) + " plan=block");
+  auto impl = make_builtin();
+  const Observations o = observe(c, *impl);
+  const Property* p = find_property("memory-saved");
+  ASSERT_NE(p, nullptr);
+  ASSERT_FALSE(p->judge(o).failed());
+
+  Observations leak = o;
+  leak.test.memory.steps[1].after_backward += 64 * 1024;
+  const Finding a = p->judge(leak);
+  EXPECT_TRUE(a.failed());
+  EXPECT_EQ(a.where, "step 1, after backward");
+
+  Observations kept = o;
+  const StepMemory& b = o.baseline.memory.steps[0];
+  kept.test.memory.steps[0].peak = kept.test.memory.steps[0].before + (b.peak - b.before);
+  const Finding k = p->judge(kept);
+  EXPECT_TRUE(k.failed());
+  EXPECT_EQ(k.where, "step 0, activation peak");
 }
 
 // ---- side effects ----

@@ -87,6 +87,13 @@ struct AutocastState {
   bool operator!=(const AutocastState& o) const { return !(*this == o); }
 };
 
+// The totals c10::MemoryReportingInfoBase::reportMemoryUsage receives: int64_t in 1.x, size_t in 2.x.
+#if CKV_TORCH_AT_LEAST(2, 0)
+using MemoryTotal = size_t;
+#else
+using MemoryTotal = int64_t;
+#endif
+
 inline at::Generator default_generator(const c10::Device& d) {
   return at::globalContext().defaultGenerator(d);
 }

@@ -20,6 +20,7 @@ const std::vector<ImplEntry>& known_impls() {
       faults::per_segment_state(),
       faults::replays_effects(),
       faults::rng_left_advanced(),
+      faults::keep_activations(),
       faults::no_autocast_replay(),
       faults::default_dtype_replay(),
       faults::recompute_twice(),

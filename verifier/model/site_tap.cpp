@@ -1,10 +1,17 @@
 // verifier/model/site_tap.cpp: see site_tap.hpp.
 #include "verifier/model/site_tap.hpp"
 
+#include "verifier/run/memory.hpp"
+
 namespace ckv {
 
 torch::Tensor SiteTap::apply(const torch::Tensor& x, int layer, DropoutSite site) {
   const double p = p_[static_cast<size_t>(site)];
+  if (!recording_) {
+    if (p == 0.0) return x;
+    if (impl_ == DropoutImpl::explicit_mask) return x * torch::empty_like(x).bernoulli_(1.0 - p) * (1.0 / (1.0 - p));
+    return torch::dropout(x, p, /*train=*/true);
+  }
   SiteCall rec;
   rec.step = step_;
   rec.micro = micro_;
@@ -21,10 +28,12 @@ torch::Tensor SiteTap::apply(const torch::Tensor& x, int layer, DropoutSite site
       // save and restore.
       const torch::Tensor keep = torch::empty_like(x).bernoulli_(1.0 - p);
       out = x * keep * (1.0 / (1.0 - p));
+      ChargeTo instrument(nullptr);  // the record is ckverify's, not the run's memory (memory.hpp)
       rec.mask = keep.to(torch::kCPU).to(torch::kBool);
     } else {
       out = torch::dropout(x, p, /*train=*/true);
       torch::NoGradGuard no_grad;
+      ChargeTo instrument(nullptr);
       rec.known = (x != 0).to(torch::kCPU);
       rec.mask = ((out != 0).to(torch::kCPU)) | rec.known.logical_not();  // unknown positions recorded as kept
     }
@@ -34,6 +43,7 @@ torch::Tensor SiteTap::apply(const torch::Tensor& x, int layer, DropoutSite site
 }
 
 torch::Tensor SiteTap::relu(const torch::Tensor& z, int layer) {
+  if (!recording_) return torch::relu(z);
   ReluCall rec;
   rec.step = step_;
   rec.micro = micro_;
@@ -41,6 +51,7 @@ torch::Tensor SiteTap::relu(const torch::Tensor& z, int layer) {
   for (const auto& r : relu_calls_) rec.call += r.step == step_ && r.micro == micro_ && r.layer == layer;
   {
     torch::NoGradGuard no_grad;
+    ChargeTo instrument(nullptr);
     rec.positive = (z > 0).to(torch::kCPU);
   }
   relu_calls_.push_back(std::move(rec));
@@ -55,7 +66,10 @@ torch::Tensor SiteTap::noise(const torch::Tensor& y, int layer) {
   rec.layer = layer;
   for (const auto& r : noise_calls_) rec.call += r.step == step_ && r.micro == micro_ && r.layer == layer;
   const torch::Tensor eps = torch::randn(y.sizes(), y.options().dtype(torch::kFloat));
-  rec.eps = eps.detach().to(torch::kCPU);
+  {
+    ChargeTo instrument(nullptr);
+    rec.eps = eps.detach().to(torch::kCPU).clone();
+  }
   noise_calls_.push_back(std::move(rec));
   return y + eps * kNoiseScale;
 }

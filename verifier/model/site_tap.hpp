@@ -55,6 +55,9 @@ class SiteTap {
  public:
   SiteTap(DropoutImpl impl, std::array<double, kNumDropoutSites> p) : impl_(impl), p_(p) {}
   void set_context(int step, int micro, int phase) { step_ = step, micro_ = micro, phase_ = phase; }
+  // Off: the sites compute exactly as when recording, but keep no records (`ckverify bench`, where
+  // the records would cost time and memory the measurement must not include).
+  void set_recording(bool on) { recording_ = on; }
   torch::Tensor apply(const torch::Tensor& x, int layer, DropoutSite site);
   // relu(z), recording where z was positive.
   torch::Tensor relu(const torch::Tensor& z, int layer);
@@ -70,6 +73,7 @@ class SiteTap {
   DropoutImpl impl_;
   std::array<double, kNumDropoutSites> p_;
   int step_ = 0, micro_ = 0, phase_ = 0;
+  bool recording_ = true;
   std::vector<SiteCall> calls_;
   std::vector<ReluCall> relu_calls_;
   std::vector<NoiseCall> noise_calls_;

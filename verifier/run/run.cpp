@@ -5,14 +5,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 
 #include "verifier/impls/registry.hpp"
 #include "verifier/model/model.hpp"
+#include "verifier/run/memory.hpp"
 #include "verifier/run/state.hpp"
 
 namespace ckv {
@@ -92,6 +95,7 @@ class Trainer {
         mode_(mode),
         target_(target_segment),
         device_(c.device),
+        account_(device_.type()),
         tap_(c.dropout_impl, c.dropout),
         model_(c.model, &tap_, &effects_) {
     const size_t layers = static_cast<size_t>(c.model.layers);
@@ -139,7 +143,16 @@ class Trainer {
       for (int b = 0; b < c.batch; ++b) key_valid_[b].slice(0, 0, key_length(b, c.seq)).fill_(true);
       key_valid_ = key_valid_.to(device_);
     }
-    for (const auto& seg : o.segments) units_.insert(units_.end(), seg.units.begin(), seg.units.end());
+    for (const auto& seg : o.segments) {
+      units_.insert(units_.end(), seg.units.begin(), seg.units.end());
+      // Every parameter the segment reads, shared ones once (the parameters are updated in place, so
+      // the list holds for the whole run).
+      std::vector<torch::Tensor> ps;
+      for (const Unit& u : seg.units)
+        for (const auto& p : model_.unit_params(u))
+          if (std::none_of(ps.begin(), ps.end(), [&](const torch::Tensor& q) { return q.is_same(p); })) ps.push_back(p);
+      segment_params_.push_back(std::move(ps));
+    }
   }
 
   ~Trainer() {
@@ -162,6 +175,7 @@ class Trainer {
   std::vector<StepRecord> advance_to(int position) {
     const int M = c_.micro;
     std::vector<StepRecord> out;
+    ChargeTo charge(&account_);
     rng_.restore();
     while (position_ < position) {
       step_ = position_ / M;
@@ -177,15 +191,16 @@ class Trainer {
       }
       if (position_ % M == 0) {
         StepRecord rec = end_step();
-        rng_ = RngState::capture();
+        rng_ = capture_rng();
         rec.ledger = ledger();
         out.push_back(std::move(rec));
       }
     }
-    rng_ = RngState::capture();
+    rng_ = capture_rng();
     return out;
   }
   int position() const { return position_; }
+  void record_sites(bool on) { tap_.set_recording(on); }
 
   // Continues from these parameters, running statistics and optimizer state (the baseline follows the
   // run under test step by step).
@@ -294,6 +309,15 @@ class Trainer {
     r.relu = tap_.relu_calls();
     r.noise = tap_.noise_calls();
     r.segment_calls = segment_calls_;
+    r.memory = memory_;
+    r.times = times_;
+    for (const auto& p : params_) {
+      r.memory.params += static_cast<int64_t>(p.nbytes());
+      if (p.grad().defined()) r.memory.grads += static_cast<int64_t>(p.grad().nbytes());
+    }
+    for (const auto* v : {&adam_m_, &adam_v_})
+      for (const auto& t : *v) r.memory.optimizer += static_cast<int64_t>(t.nbytes());
+    if (device_.is_cpu()) r.memory.rng_state = static_cast<int64_t>(rng_.bytes().at(0).size());
   }
   // The experiment of the trainer's mode, on step 0, micro-batch 0; fills throw_result / inplace_result.
   void experiment() {
@@ -369,7 +393,7 @@ class Trainer {
   // Starts step step_: a fresh step zeroes the gradients and the per-step counts; a step resumed from a
   // state file keeps what was loaded.
   void begin_step(bool fresh) {
-    rng_before_step_ = RngState::capture();
+    rng_before_step_ = capture_rng();
     if (impl_) impl_->begin_step(step_);
     if (fresh) {
       std::fill(effects_.cache_calls.begin(), effects_.cache_calls.end(), 0);
@@ -379,9 +403,15 @@ class Trainer {
     first_micro_ = position_ % c_.micro;
     live_.assign(static_cast<size_t>(c_.micro), {});
     in_step_ = true;
+    step_memory_ = StepMemory{};
+    step_time_ = StepTime{};
+    step_memory_.before = account_.live();
+    account_.reset_peak();
   }
 
   StepRecord end_step() {
+    step_memory_.peak = account_.peak();
+    memory_.steps.push_back(step_memory_);
     StepRecord rec;
     rec.first_micro = first_micro_;
     for (int m = 0; m < c_.micro; ++m) {
@@ -392,6 +422,7 @@ class Trainer {
     rec.grads = model_.grads();
     rec.grad_defined = model_.grads_defined();
     rec.hook_calls = *hook_calls_;
+    const double update_start = now();
     {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) {
@@ -411,6 +442,8 @@ class Trainer {
         p.addcdiv_(adam_m_[i], denom, -c_.lr / bc1);
       }
     }
+    step_time_.optimizer = now() - update_start;
+    times_.push_back(step_time_);
     rec.params_after = model_.values();
     rec.optimizer = optimizer_state();
     live_.clear();
@@ -429,7 +462,10 @@ class Trainer {
         throw std::runtime_error(kPlantedFailure);
       if (c_.segio() == SegIO::single) {
         torch::Tensor h = args.at(0).toTensor();
-        for (const Unit& u : seg.units) h = model_.run_unit(u, h, {});
+        for (const Unit& u : seg.units) {
+          h = model_.run_unit(u, h, {});
+          note_unit();
+        }
         return {h};
       }
       torch::Tensor h = args.at(0).toTensor();
@@ -437,8 +473,10 @@ class Trainer {
       const int64_t start = args.at(2).toInt(), stop = args.at(3).toInt();
       const double aux_weight = args.at(4).toDouble();
       torch::Tensor sq_mean;
-      for (int64_t i = start; i < stop; ++i)
+      for (int64_t i = start; i < stop; ++i) {
         h = model_.run_unit(units_.at(static_cast<size_t>(i)), h, key_valid, &sq_mean);
+        note_unit();
+      }
       const torch::Tensor aux =
           sq_mean.defined() ? sq_mean * aux_weight : torch::zeros({}, torch::TensorOptions().device(device_));
       return {h, aux};
@@ -449,7 +487,12 @@ class Trainer {
     micro_ = m, phase_ = 0;
     tap_.set_context(step_, m, 0);
     Live& live = live_[static_cast<size_t>(m)];
+    const double forward_start = now();
+    unit_mark_ = forward_start;
+    unit_timing_ = m == first_micro_;
     live.x = x_[static_cast<size_t>(m)].clone().requires_grad_(!c_.input_frozen);
+    first_forward_ = !first_forward_done_;
+    if (first_forward_) memory_.forward_start = account_.live() - step_memory_.before;
     const bool autocast = c_.precision != Precision::fp32;
     compat::ScopedAutocastState ac(
         compat::AutocastState::current().with(device_.type(), autocast, autocast_dtype(c_.precision)));
@@ -471,11 +514,7 @@ class Trainer {
       std::vector<torch::Tensor> outs;
       if (seg.checkpointed && impl_) {
         call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
-        for (const Unit& u : seg.units)
-          for (const auto& p : model_.unit_params(u))
-            if (std::none_of(call.params.begin(), call.params.end(),
-                             [&](const torch::Tensor& q) { return q.is_same(p); }))
-              call.params.push_back(p);
+        call.params = segment_params_.at(s);
         outs = impl_->run(call);
       } else {
         outs = call.fn(call.args);
@@ -484,15 +523,49 @@ class Trainer {
       if (outs.size() != want)
         throw std::runtime_error("segment " + std::to_string(s) + " returned " + std::to_string(outs.size()) +
                                  " tensor(s), expected " + std::to_string(want));
+      if (first_forward_) {
+        int64_t bytes = 0;
+        for (const auto& t : outs) bytes += static_cast<int64_t>(t.nbytes());
+        memory_.segment_output.push_back(bytes);
+      }
       h = outs[0];
       if (want == 2) aux = aux.defined() ? aux + outs[1] : outs[1];
     }
     torch::Tensor loss = model_.head_loss(h, targets_[static_cast<size_t>(m)], y_[static_cast<size_t>(m)]);
     if (aux.defined()) loss = loss + aux;
     live.loss = loss * (1.0 / c_.micro);
+    if (m == first_micro_) step_memory_.after_forward = account_.live();
+    first_forward_done_ = true;
+    first_forward_ = false;
+    unit_timing_ = false;
+    step_time_.forward += now() - forward_start;
+  }
+
+  // Seconds on a steady clock, after the device's queued work is done.
+  double now() const {
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+  // The run's generators, recorded by ckverify (charged to no run: memory.hpp).
+  static RngState capture_rng() {
+    ChargeTo instrument(nullptr);
+    return RngState::capture();
+  }
+
+  // Level after a unit of the first forward (not during a recompute, which runs in backward).
+  void note_unit() {
+    if (phase_ != 0) return;
+    if (first_forward_) memory_.unit_levels.push_back(account_.live() - step_memory_.before);
+    if (unit_timing_) {
+      const double t = now();
+      step_time_.unit_forward.push_back(t - unit_mark_);
+      unit_mark_ = t;
+    }
   }
 
   void backward(int m) {
+    const double backward_start = now();
     micro_ = m;
     Live& live = live_[static_cast<size_t>(m)];
     phase_ = 1;
@@ -507,10 +580,15 @@ class Trainer {
     } else {
       live.loss.backward();
     }
+    step_time_.backward += now() - backward_start;
     live.loss_value = live.loss.item<double>();
-    if (!c_.input_frozen && live.x.grad().defined()) live.dx = to_doubles(live.x.grad());
+    if (!c_.input_frozen && live.x.grad().defined()) {
+      ChargeTo instrument(nullptr);
+      live.dx = to_doubles(live.x.grad());
+    }
     live.loss = torch::Tensor();
     live.segment_inputs.clear();
+    step_memory_.after_backward = account_.live();
   }
 
   struct Live {
@@ -526,6 +604,14 @@ class Trainer {
   Mode mode_;
   int target_;
   torch::Device device_;
+  MemoryAccount account_;
+  MemoryRecord memory_;
+  StepMemory step_memory_;
+  StepTime step_time_;
+  std::vector<StepTime> times_;
+  double unit_mark_ = 0.0;
+  bool unit_timing_ = false;
+  bool first_forward_ = false, first_forward_done_ = false;
   SiteTap tap_;
   EffectState effects_;
   std::string log_dir_;
@@ -535,6 +621,7 @@ class Trainer {
   std::vector<torch::Tensor> x_, targets_, y_;
   torch::Tensor key_valid_;
   std::vector<Unit> units_;
+  std::vector<std::vector<torch::Tensor>> segment_params_;
   std::vector<Live> live_;
   std::vector<SegmentCallRecord> segment_calls_;
   RngState rng_, rng_before_step_;
@@ -668,9 +755,11 @@ void check_environment(const Case& c) {
   }
 }
 
-RunRecord train(const Case& c, CheckpointImpl* impl) {
+RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options) {
+  MemoryReporting reporting;
   const Observations o = prepare(c);
   Trainer t(c, o, impl, Mode::normal, -1);
+  t.record_sites(options.record_sites);
   RunRecord r;
   try {
     for (int s = 0; s < c.steps; ++s) r.steps.push_back(t.step(s));
@@ -695,6 +784,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     const char* what() const noexcept override { return m.c_str(); }
   };
   std::unique_ptr<Saved> saved;
+  std::optional<MemoryReporting> reporting(std::in_place);  // the two runs' memory (memory-saved)
   for (int s = 0; s < c.steps && !test_error; ++s) {
     try {
       o.baseline.steps.push_back(base.step(s));
@@ -715,6 +805,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
         t.optimizer.items != b.optimizer.items)
       base.load(t);
   }
+  reporting.reset();
   base.finish(o.baseline, nullptr);
   test.finish(o.test, test_error);
 

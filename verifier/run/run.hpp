@@ -63,6 +63,34 @@ struct StepRecord {
   Ledger ledger;                        // after the step
 };
 
+// Tensor memory of one training step of one run: the run's live bytes on the Case's device
+// (memory.hpp) at the named points. Tensors that existed before the run's first step (parameters,
+// data, optimizer moments) are not in these levels; MemoryRecord has their sizes.
+struct StepMemory {
+  int64_t before = 0;          // when the step began (the previous step's gradients released)
+  int64_t after_forward = 0;   // when the step's first forward returned (its activations held)
+  int64_t peak = 0;            // the largest level from the step's beginning to its optimizer update
+  int64_t after_backward = 0;  // when the step's last backward returned and its loss was released
+};
+struct MemoryRecord {
+  std::vector<StepMemory> steps;
+  // The run's first forward: the level when the input was in place, and after each unit (in forward
+  // order), relative to the step's `before`.
+  int64_t forward_start = 0;
+  std::vector<int64_t> unit_levels;
+  std::vector<int64_t> segment_output;  // per segment: bytes of its output tensors (first forward)
+  int64_t params = 0, grads = 0, optimizer = 0;  // bytes, at the end of the run
+  // Bytes of one copy of the generator states on the Case's device (CPU: the CPU generator's state; on
+  // CUDA the states are CPU tensors, so 0): a checkpoint that replays RNG keeps one per call.
+  int64_t rng_state = 0;
+};
+
+// Wall time of one training step (CUDA: synchronized at each boundary).
+struct StepTime {
+  double forward = 0.0, backward = 0.0, optimizer = 0.0;  // seconds, summed over the micro-batches
+  std::vector<double> unit_forward;  // the step's first forward: seconds per unit, in forward order
+};
+
 struct RunRecord {
   bool completed = false;
   std::string error;  // what the run threw (first line), when it did not complete
@@ -72,6 +100,8 @@ struct RunRecord {
   std::vector<ReluCall> relu;
   std::vector<NoiseCall> noise;
   std::vector<SegmentCallRecord> segment_calls;
+  MemoryRecord memory;
+  std::vector<StepTime> times;  // per completed step
 };
 
 // What the reference says one step of the run under test should have produced.
@@ -153,7 +183,12 @@ Observations observe(const Case& c, CheckpointImpl& impl);
 
 // One training run of the Case: with impl null (or plan none) nothing is checkpointed. Records
 // instead of throwing when the run fails.
-RunRecord train(const Case& c, CheckpointImpl* impl);
+struct TrainOptions {
+  // false: the dropout, ReLU and noise sites keep no records (sites, relu and noise stay empty), so that
+  // time and memory measure the model alone (`ckverify bench`).
+  bool record_sites = true;
+};
+RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options = {});
 
 // One training run driven by hand, micro-batch by micro-batch, with its state saved and loaded
 // (`ckverify train`, the resume tests). impl null: nothing is checkpointed.

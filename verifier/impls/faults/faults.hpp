@@ -19,6 +19,7 @@ ImplEntry single_recompute();      // a second backward through the segment fail
 ImplEntry per_segment_state();     // RNG state kept per segment, not per call
 ImplEntry replays_effects();       // the recompute is not marked: side effects happen twice
 ImplEntry rng_left_advanced();     // the generators are not put back after the recompute
+ImplEntry keep_activations();      // recomputed activations kept alive until the step ends
 // Wrappers around the builtin:
 ImplEntry trains_frozen();          // turns on requires_grad of every declared parameter
 ImplEntry frozen_input_shortcut();  // no tensor input requires grad: runs fn without a graph

@@ -1,0 +1,155 @@
+// properties/memory_saved.cpp: memory-saved. Checkpointing exists to free activations; an
+// implementation that gets every gradient right but keeps what it recomputed (or never lets go of the
+// forward's tensors) passes every other property. Two checks, on every step, from the tensor memory the
+// run stage measured (verifier/run/memory.hpp; bytes on the Case's device):
+//
+//  1. Nothing is left behind: when the step's last backward has returned, the run under test holds no
+//     more than the baseline (no checkpointing) holds at the same point, beyond a small slack. Every
+//     correct implementation releases what it recomputed once the gradients are out. State allocated
+//     once and kept (an RNG tracker) is not a leak: with several steps the first is not judged.
+//  2. The peak follows the plan: the step's activation peak (peak minus the level when the step began)
+//     is within kFactor of an estimate for the plan, built from the baseline's own measurements, and
+//     (since the Case is only judged when that bound is below it) below the baseline's peak. The
+//     estimate is the classic one (Chen et al. 2016; Korthikanti et al. 2022 count the per-layer bytes
+//     the same way): the forward keeps every plain unit's activations a_i (measured as the growth of
+//     the baseline's live memory across that unit) and only the outputs of checkpointed segments; in
+//     backward the largest checkpointed segment is rebuilt (sum of its a_i) on top of that, and the
+//     gradient temporaries G are the baseline's (its peak minus what its forward kept):
+//        est = M_f * (x + sum_plain a_i + sum_ckpt out_s + head) + max_ckpt sum_seg a_i + G,
+//     M_f = micro-batches held at once (sched=ffbb: all of them); out_s includes one copy of the
+//     generator states, which a checkpoint that replays RNG must keep per call. For L equal blocks this is the
+//     textbook shape: every block about L*x + a, every N about (L/N)*x + N*a, k segments about
+//     k*x + (L/k)*a.
+//     A Case whose estimate is not clearly below the baseline (one segment spanning the stack, a plan
+//     that checkpoints little, a gradient penalty, whose double backward keeps the recomputed graph for
+//     the second pass) cannot show a saving: the peak is then not judged, and the summary says so.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "properties/property.hpp"
+
+namespace ckv {
+namespace {
+const char* kName = "memory-saved";
+constexpr double kFactor = 1.25;        // allowed peak / estimate
+constexpr int64_t kMinSlack = 4096;     // bytes: RNG states, scalars, bookkeeping tensors
+constexpr double kSlackFraction = 0.05;  // of the baseline's activations
+
+std::string kib(int64_t b) { return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0); }
+
+struct Estimate {
+  bool judged = false;
+  std::string why_not;
+  int64_t estimate = 0, baseline = 0;
+};
+
+Estimate estimate_peak(const Observations& o) {
+  Estimate e;
+  const MemoryRecord& B = o.baseline.memory;
+  const StepMemory& b0 = B.steps.at(0);
+  e.baseline = b0.peak - b0.before;
+  if (o.passes > 1) {
+    e.why_not = "gp>0: the double backward keeps the recomputed graph for its second pass, so nothing is saved";
+    return e;
+  }
+  size_t units = 0;
+  for (const auto& s : o.segments) units += s.units.size();
+  if (B.unit_levels.size() != units || B.segment_output.size() != o.segments.size()) {
+    e.why_not = "the baseline's per-unit measurements are incomplete";
+    return e;
+  }
+  const int64_t forward_kept = b0.after_forward - b0.before;
+  const int64_t head = forward_kept - (B.unit_levels.empty() ? B.forward_start : B.unit_levels.back());
+  int64_t kept = B.forward_start + head, rebuilt = 0;
+  size_t u = 0;
+  int64_t previous = B.forward_start;
+  for (size_t s = 0; s < o.segments.size(); ++s) {
+    int64_t seg_bytes = 0;
+    for (size_t k = 0; k < o.segments[s].units.size(); ++k, ++u) {
+      seg_bytes += B.unit_levels[u] - previous;
+      previous = B.unit_levels[u];
+    }
+    if (o.segments[s].checkpointed) {
+      kept += B.segment_output[s] + B.rng_state;
+      if (o.grad_flows[s]) rebuilt = std::max(rebuilt, seg_bytes);
+    } else {
+      kept += seg_bytes;
+    }
+  }
+  const int64_t held = o.c.sched == Schedule::ffbb ? o.c.micro : 1;
+  const int64_t temporaries = std::max<int64_t>(0, e.baseline - held * forward_kept);
+  // What backward leaves behind (parameter gradients, the input's gradient) builds up while the
+  // segments are rebuilt one after another.
+  const int64_t left = std::max<int64_t>(0, b0.after_backward - b0.before);
+  e.estimate = held * kept + rebuilt + temporaries + left;
+  const int64_t slack = std::max<int64_t>(kMinSlack, static_cast<int64_t>(kSlackFraction * static_cast<double>(forward_kept)));
+  if (static_cast<double>(e.estimate) * kFactor + static_cast<double>(slack) >= static_cast<double>(e.baseline)) {
+    e.why_not = fmt::format("plan {} is not expected to save memory on this Case (estimate {} vs {} without checkpointing)",
+                            o.c.plan.to_string(), kib(e.estimate), kib(e.baseline));
+    return e;
+  }
+  e.judged = true;
+  return e;
+}
+
+Finding judge(const Observations& o) {
+  if (!o.test.completed) return Finding::not_applicable(kName, "the run under test did not complete");
+  bool any = false;
+  for (size_t s = 0; s < o.segments.size(); ++s) any |= o.segments[s].checkpointed && o.grad_flows[s];
+  if (!any) return Finding::not_applicable(kName, "no checkpointed segment has gradient flowing through it");
+  const MemoryRecord &B = o.baseline.memory, &T = o.test.memory;
+  if (B.steps.empty() || T.steps.size() != B.steps.size())
+    return Finding::not_applicable(kName, "the runs' memory was not measured");
+  const StepMemory& b0 = B.steps[0];
+  const int64_t activations = b0.after_forward - b0.before;
+  const int64_t slack =
+      std::max<int64_t>(kMinSlack, static_cast<int64_t>(kSlackFraction * static_cast<double>(activations)));
+
+  // What an implementation allocates once and keeps (an RNG tracker's generator states, a bounded
+  // cache) shows in the first step only: from the second step on it is part of the level the step
+  // starts from. So with several steps the first is not judged; a one-step Case allows one copy of
+  // the generator states per checkpointed segment.
+  int64_t checkpointed = 0;
+  for (const auto& s : o.segments) checkpointed += s.checkpointed ? 1 : 0;
+  const size_t first = T.steps.size() > 1 ? 1 : 0;
+  for (size_t k = first; k < T.steps.size(); ++k) {
+    const StepMemory &t = T.steps[k], &b = B.steps[k];
+    const int64_t excess = (t.after_backward - t.before) - (b.after_backward - b.before);
+    if (excess > slack + (k == 0 ? checkpointed * B.rng_state : 0))
+      return Finding::fail(kName, static_cast<int>(k), fmt::format("step {}, after backward", k),
+                           fmt::format("{} more than the baseline is still held after backward (its forward keeps {}): "
+                                       "what the recompute built was not released",
+                                       kib(excess), kib(activations)));
+  }
+  const Estimate e = estimate_peak(o);
+  int64_t worst = 0;
+  for (size_t k = 0; k < T.steps.size(); ++k) {
+    const int64_t peak = T.steps[k].peak - T.steps[k].before;
+    worst = std::max(worst, peak);
+    if (!e.judged) continue;
+    const double bound = kFactor * static_cast<double>(e.estimate) + static_cast<double>(slack);
+    if (static_cast<double>(peak) > bound || peak >= e.baseline)
+      return Finding::fail(
+          kName, static_cast<int>(k), fmt::format("step {}, activation peak", k),
+          fmt::format("plan {} peaked at {} above the step's start; without checkpointing {}, estimate for the plan {} "
+                      "(allowed {:.2f}x + {}): activations were kept that the plan frees",
+                      o.c.plan.to_string(), kib(peak), kib(e.baseline), kib(e.estimate), kFactor, kib(slack)));
+  }
+  if (!e.judged)
+    return Finding::pass(kName, fmt::format("nothing held after backward; peak {} not judged: {}", kib(worst), e.why_not));
+  return Finding::pass(kName, fmt::format("activation peak {} vs {} without checkpointing (estimate {}); nothing held "
+                                          "after backward",
+                                          kib(worst), kib(e.baseline), kib(e.estimate)));
+}
+}  // namespace
+
+Property memory_saved_property() {
+  return {kName,
+          "after backward the run holds no more than without checkpointing; where the plan should save memory, the "
+          "activation peak is within 1.25x of the plan's estimate and below the no-checkpoint peak",
+          judge};
+}
+
+}  // namespace ckv
+

@@ -1,0 +1,107 @@
+// verifier/run/memory.cpp: see memory.hpp.
+#include "verifier/run/memory.hpp"
+
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "verifier/checkpoint/compat.hpp"
+
+namespace ckv {
+namespace {
+
+struct AccountState {
+  bool open = false;
+  c10::DeviceType device = c10::DeviceType::CPU;
+  int64_t live = 0, peak = 0;
+};
+
+// The ledger every reporter writes into. Account 0 is "none": allocations made while no account is
+// current are not counted, and their frees are ignored like those of any unknown block.
+struct Ledger {
+  std::mutex m;
+  std::vector<AccountState> accounts{AccountState{}};
+  std::unordered_map<const void*, std::pair<int, int64_t>> blocks;  // ptr -> (account, bytes)
+  std::atomic<int> current{0};
+
+  void report(const void* ptr, int64_t bytes, c10::Device device) {
+    std::lock_guard<std::mutex> lock(m);
+    if (bytes > 0) {
+      const int a = current.load();
+      AccountState& s = accounts[static_cast<size_t>(a)];
+      if (a == 0 || !s.open || s.device != device.type()) return;  // not counted
+      blocks[ptr] = {a, bytes};
+      s.live += bytes, s.peak = std::max(s.peak, s.live);
+      return;
+    }
+    auto it = blocks.find(ptr);
+    if (it == blocks.end()) return;  // allocated before reporting began
+    const auto [a, size] = it->second;
+    blocks.erase(it);
+    accounts[static_cast<size_t>(a)].live -= size;
+  }
+};
+
+Ledger& ledger() {
+  static Ledger* l = new Ledger;  // never destroyed: frees can be reported during static destruction
+  return *l;
+}
+
+class Reporter : public c10::MemoryReportingInfoBase {
+ public:
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, compat::MemoryTotal, compat::MemoryTotal,
+                         c10::Device device) override {
+    ledger().report(ptr, alloc_size, device);
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+}  // namespace
+
+struct MemoryReporting::Guard {
+  c10::DebugInfoGuard g{c10::DebugInfoKind::PROFILER_STATE, std::make_shared<Reporter>()};
+};
+MemoryReporting::MemoryReporting() : guard_(std::make_unique<Guard>()) {}
+MemoryReporting::~MemoryReporting() = default;
+
+MemoryAccount::MemoryAccount(c10::DeviceType device) {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.m);
+  AccountState s;
+  s.open = true;
+  s.device = device;
+  l.accounts.push_back(s);
+  id_ = static_cast<int>(l.accounts.size() - 1);
+}
+MemoryAccount::~MemoryAccount() {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.m);
+  l.accounts[static_cast<size_t>(id_)].open = false;
+  // Blocks still charged to it are forgotten when freed (the account's slot is never reused).
+}
+int64_t MemoryAccount::live() const {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.m);
+  return l.accounts[static_cast<size_t>(id_)].live;
+}
+int64_t MemoryAccount::peak() const {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.m);
+  return l.accounts[static_cast<size_t>(id_)].peak;
+}
+void MemoryAccount::reset_peak() {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.m);
+  AccountState& s = l.accounts[static_cast<size_t>(id_)];
+  s.peak = s.live;
+}
+
+ChargeTo::ChargeTo(const MemoryAccount* account) : previous_(ledger().current.exchange(account ? account->id() : 0)) {}
+ChargeTo::~ChargeTo() { ledger().current.store(previous_); }
+
+}  // namespace ckv
