@@ -74,6 +74,7 @@ std::string gnuplot_script(const LinePlot& p, const std::string& data_path, cons
   s += "set ylabel " + quoted(p.ylabel) + " noenhanced\n";
   s += "set key outside right top noenhanced\nset grid\n";
   if (p.log_y) s += "set logscale y\nset format y '10^{%L}'\n";
+  if (p.log_x) s += "set logscale x\n";
   if (!p.xtics.empty()) {
     s += "set xtics (";
     for (size_t i = 0; i < p.xtics.size(); ++i)
@@ -82,7 +83,11 @@ std::string gnuplot_script(const LinePlot& p, const std::string& data_path, cons
   }
   s += "plot ";
   for (size_t i = 0; i < p.series.size(); ++i)
-    s += (i ? ", \\\n     " : "") + quoted(data_path) + fmt::format(" index {} using 1:2 with linespoints title ", i) +
+    s += (i ? ", \\\n     " : "") + quoted(data_path) +
+         fmt::format(" index {} using 1:2 with {} title ", i,
+                     p.series[i].points_only ? "points pointsize 2"
+                     : p.series[i].dashed    ? "lines dashtype 2"
+                                             : "linespoints") +
          quoted(p.series[i].title);
   return s + "\n";
 }

@@ -13,11 +13,13 @@ namespace ckv::report {
 struct Series {
   std::string title;
   std::vector<std::pair<double, double>> points;  // (x, y), in x order
+  bool points_only = false;                      // markers without a line (a scatter)
+  bool dashed = false;                           // a fitted or reference line
 };
 
 struct LinePlot {
   std::string title, xlabel, ylabel;
-  bool log_y = false;
+  bool log_y = false, log_x = false;
   double y_floor = 0.0;  // log_y: values below are drawn at this floor (and the label says so)
   std::vector<std::pair<double, std::string>> xtics;  // explicit tick labels (empty: automatic)
   std::vector<Series> series;

@@ -24,6 +24,16 @@
 #include "verifier/cli/search.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/amp_audit.hpp"
+#include "verifier/cli/bench_report.hpp"
+#include "verifier/run/bench.hpp"
+
+#include <malloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+#include <thread>
 
 namespace {
 using namespace ckv;
@@ -486,6 +496,167 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
   return kExitOk;
 }
 
+// "512M", "2G", "1.5GiB", "1048576": bytes; throws UsageError.
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double v = 0.0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::map<std::string, double> units = {{"", 1.0},   {"B", 1.0},      {"K", 0x1p10}, {"KB", 0x1p10},
+                                               {"KIB", 0x1p10}, {"M", 0x1p20}, {"MB", 0x1p20}, {"MIB", 0x1p20},
+                                               {"G", 0x1p30}, {"GB", 0x1p30}, {"GIB", 0x1p30}};
+  const auto u = units.find(unit);
+  if (used == 0 || u == units.end() || !std::isfinite(v) || v <= 0 || v * u->second > 0x1p50)
+    throw UsageError("--memory-budget \"" + sanitize(text) + "\" is not a size such as 512M or 2G (at most 1 PiB)");
+  return static_cast<int64_t>(v * u->second);
+}
+
+struct BenchArgs {
+  std::string case_path, preset, plans, impl = "builtin", device = "cpu", json_path, out_dir, budget;
+  int warmup = 1, repeats = 5, threads = 0;
+  bool growth = false, amp = false;
+  std::string command;
+};
+
+// Per-plan cost of one Case (verifier/run/bench.hpp): memory, time, overhead, tokens/s, loss curves.
+int cmd_bench(BenchArgs a) {
+  if (!a.case_path.empty() && !a.preset.empty()) throw UsageError("give a Case file or --preset, not both");
+  if (!a.preset.empty() && a.preset != "seed-lab") throw UsageError("--preset \"" + sanitize(a.preset) + "\": known presets: seed-lab");
+  if (a.warmup < 0 || a.warmup > 100) throw UsageError("--warmup must be in [0, 100]");
+  if (a.repeats < 1 || a.repeats > 100) throw UsageError("--repeats must be in [1, 100]");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (a.threads < 0 || a.threads > 1024) throw UsageError("--threads must be in [1, 1024]");
+  const int threads = a.threads > 0 ? a.threads : cores;
+  const int64_t budget = a.budget.empty() ? 0 : parse_bytes(a.budget);
+  check_device(a.device, false);
+  // Outputs: --json, and the files under --out, all checked before any work.
+  std::vector<std::pair<std::string, std::string>> outs = {{"--json", a.json_path}};
+  if (!a.out_dir.empty()) {
+    struct stat st {};
+    if (::lstat(a.out_dir.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) throw UsageError("--out \"" + sanitize(a.out_dir) + "\" exists and is not a directory");
+    } else {
+      const std::filesystem::path parent = std::filesystem::path(a.out_dir).parent_path();
+      if (!parent.empty() && !std::filesystem::is_directory(parent))
+        throw UsageError("--out: the directory " + sanitize(parent.string()) + " does not exist");
+    }
+    if (!report::gnuplot_available())
+      throw EnvironmentError("--out writes plots through gnuplot (apt-get install gnuplot-nox), which is not on PATH");
+  }
+  Case c;
+  if (!a.preset.empty()) {
+    c = seed_lab_case(a.device);
+  } else if (!a.case_path.empty()) {
+    c = load_case_argument(a.case_path);
+  } else {
+    throw UsageError("give a Case file or --preset seed-lab");
+  }
+  c.device = a.device;
+  c.impl = a.impl;
+  if (!find_impl(a.impl)) make_impl(a.impl);
+  validate(c);
+  std::vector<Plan> plans;
+  if (!a.plans.empty()) {
+    std::stringstream ss(a.plans);
+    std::string item;
+    bool none = false;
+    while (std::getline(ss, item, ',')) {
+      Plan p;
+      std::string err;
+      if (!Plan::parse(item, p, err)) throw UsageError("--plans: " + sanitize(err, 160));
+      if (const std::string bad = p.invalid_for(c.model.layers); !bad.empty()) throw UsageError("--plans: " + bad);
+      if (std::any_of(plans.begin(), plans.end(), [&](const Plan& q) { return q == p; }))
+        throw UsageError("--plans: " + p.to_string() + " is listed twice");
+      none |= p == Plan{};
+      plans.push_back(p);
+    }
+    if (!none) plans.insert(plans.begin(), Plan{});  // every plan is compared with none
+  } else {
+    plans = a.preset.empty() ? default_bench_plans(c) : seed_lab_plans();
+  }
+  std::vector<std::string> files;
+  if (!a.out_dir.empty()) {
+    BenchResult shape;
+    if (a.growth) shape.growth.resize(1);
+    AmpAudit dummy;
+    files = bench_report_files(shape, a.amp ? &dummy : nullptr);
+    for (const auto& f : files) outs.emplace_back("--out", a.out_dir + "/" + f);
+  }
+  bool created = false;
+  if (!a.out_dir.empty() && !std::filesystem::exists(a.out_dir)) {
+    std::error_code ec;
+    created = std::filesystem::create_directory(a.out_dir, ec);
+    if (ec) throw UsageError("--out: cannot create " + sanitize(a.out_dir) + ": " + ec.message());
+  }
+  try {
+    check_outputs(outs, {{"the case file", a.case_path}});
+  } catch (...) {
+    if (created) ::rmdir(a.out_dir.c_str());
+    throw;
+  }
+
+  torch::set_num_threads(threads);
+  // LibTorch's CPU allocator is malloc: let it keep what it frees (as CUDA's caching allocator does)
+  // instead of returning large blocks to the kernel and faulting fresh pages in every step, which
+  // otherwise dominates the step time of the plans that allocate most and makes timings noisy.
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  BenchOptions o;
+  o.warmup = a.warmup, o.repeats = a.repeats, o.memory_budget = budget, o.growth = a.growth;
+  const bool tty = ::isatty(STDERR_FILENO);
+  o.progress = [tty](const std::string& s) {
+    if (tty) std::cerr << "\r\033[K" << s << std::flush;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const BenchResult r = run_bench(c, plans, [impl = a.impl] { return make_impl(impl); }, o);
+  std::optional<AmpAudit> amp;
+  if (a.amp) {
+    o.progress("AMP audit");
+    Case k = c;
+    k.steps = 1;
+    if (k.plan == Plan{}) k.plan = plans.size() > 1 ? plans[1] : Plan{PlanKind::every_block, 0};
+    if (k.plan == Plan{}) k.plan = Plan{PlanKind::every_block, 0};
+    const auto im = make_impl(a.impl);
+    amp = audit_amp(k, *im);
+  }
+  if (tty) std::cerr << "\r\033[K" << std::flush;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << fmt::format("ckverify bench: impl={} device={} threads={} warmup={} repeats={} ({:.0f} s)\ncase: {}\n\n",
+                           a.impl, a.device, threads, a.warmup, a.repeats, secs, r.case_line)
+            << bench_table(r);
+  if (amp)
+    std::cout << fmt::format("\nAMP audit (plan {}): {}\n", amp->plan,
+                             amp->exceeded.empty() && amp->failed.empty() ? "checkpoint drift within the noise floor"
+                                                                          : "checkpoint drift exceeds the noise floor");
+  if (!a.json_path.empty()) write_atomically(a.json_path, bench_json(r, a.impl, a.device, threads).dump(2) + "\n");
+  if (!a.out_dir.empty()) {
+    write_bench_report(a.out_dir, r, amp ? &*amp : nullptr, a.impl, a.device, threads, a.command);
+    std::cout << "report: " << a.out_dir << "/report.md\n";
+  }
+  std::vector<std::string> failed;
+  for (const PlanBench& p : r.plans)
+    if (!p.completed) failed.push_back(p.plan + ": " + p.error);
+  if (!failed.empty()) {
+    std::cout << "FAIL: plan " << failed.front() << std::endl;
+    return kExitFailed;
+  }
+  if (!r.diverged.empty()) {
+    std::cout << "FAIL: the loss curve of plan " << r.diverged.front() << " left none's" << std::endl;
+    return kExitFailed;
+  }
+  if (amp && !(amp->exceeded.empty() && amp->failed.empty())) {
+    std::cout << "FAIL: checkpoint drift exceeds the measured noise floor" << std::endl;
+    return kExitFailed;
+  }
+  std::cout << "PASS: every plan completed and trained exactly as none did" << std::endl;
+  return kExitOk;
+}
+
 std::string property_list() {
   std::string out;
   for (const auto& n : property_names()) out += (out.empty() ? "" : ", ") + n;
@@ -577,6 +748,26 @@ int main(int argc, char** argv) {
   audit->add_option("--plot", audit_plot, "Write the per-group error plot (PNG, through gnuplot) to this file");
   audit->add_option("--device", device, "Device: cpu, cuda or cuda:N")->capture_default_str();
 
+  auto* bench = app.add_subcommand(
+      "bench",
+      "Per checkpoint plan: peak and kept tensor memory, step time (forward, backward, optimizer), recompute "
+      "overhead against its bound, tokens/s, loss curves; optionally the growth law, the largest batch within a "
+      "memory budget, and a Markdown report with plots.");
+  BenchArgs ba;
+  bench->add_option("case", ba.case_path, "Case JSON file (or --preset)");
+  bench->add_option("--preset", ba.preset, "seed-lab: seed 001's 20-layer lab and its 14 plans (D=256 on CPU, the seed's D=2048, B=2, S=2048 on CUDA)");
+  bench->add_option("--plans", ba.plans, std::string("Comma list of plans (") + kPlanSpellings + "); none is always included");
+  bench->add_option("--impl", ba.impl, "Implementation doing the checkpointing")->capture_default_str();
+  bench->add_option("--device", ba.device, "Device: cpu, cuda or cuda:N")->capture_default_str();
+  bench->add_option("--warmup", ba.warmup, "Steps run before timing")->capture_default_str();
+  bench->add_option("--repeats", ba.repeats, "Timed steps (medians over them)")->capture_default_str();
+  bench->add_option("--threads", ba.threads, "Intra-op threads (default: the machine's cores)");
+  bench->add_option("--memory-budget", ba.budget, "Find each plan's largest batch within this peak (e.g. 512M, 2G)");
+  bench->add_flag("--growth", ba.growth, "Also measure activation peak against depth (L = 4, 9, 16, 25, 36) for none and sqrt");
+  bench->add_flag("--amp", ba.amp, "Also run the AMP drift audit on the Case (into the report)");
+  bench->add_option("--json", ba.json_path, "Write the results as JSON to this file");
+  bench->add_option("--out", ba.out_dir, "Write report.md, plots (PNG, through gnuplot), CSV and JSON into this directory");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -611,6 +802,11 @@ int main(int argc, char** argv) {
     if (*audit)
       return cmd_audit_amp(case_path, audit_impl, plan, audit_cases, audit->count("--cases") > 0, seed, json_path,
                            audit_plot, device);
+    if (*bench) {
+      ba.command = "ckverify";
+      for (int i = 1; i < argc; ++i) ba.command += std::string(" ") + sanitize(argv[i], 200);
+      return cmd_bench(ba);
+    }
     if (*train) {
       if (train->count("--until") > 0 && until < 0) throw UsageError("--until must be >= 0");
       return cmd_train(case_path, until, save_path, resume_path);

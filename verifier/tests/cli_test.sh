@@ -18,7 +18,7 @@ expect 0 "builtin passes" -- "$ck" check --cases 30 --json report.json --junit r
 grep -q '"cases_run": 30' report.json || bad "report lacks cases_run 30"
 grep -q '<testsuite name="ckverify check impl=builtin"' report.xml || bad "junit report"
 grep -q "| grad-baseline | held |" report.md || bad "markdown report"
-for p in rng-replay autocast-replay recompute-count completes refuses-inplace exception-safe side-effect-once resume grad-baseline grad-reference; do
+for p in rng-replay autocast-replay recompute-count completes refuses-inplace exception-safe side-effect-once resume memory-saved grad-baseline grad-reference; do
   grep -q "$p" out.txt || bad "console report lacks $p"
 done
 
@@ -127,6 +127,28 @@ expect 2 "audit-amp --plan none" -- "$ck" audit-amp amp.json --plan none
 expect 2 "audit-amp with a case file and --cases" -- "$ck" audit-amp amp.json --cases 3
 "$ck" case layers=2 d=8 heads=2 freeze=blocks seed=3 > frozen.json
 expect 0 "audit-amp with frozen parameters" -- "$ck" audit-amp frozen.json
+
+# bench: per-plan memory and time, loss curves, the growth law, the report with its plots.
+"$ck" case layers=4 d=8 heads=2 ffn=2 vocab=5 batch=2 seq=8 seed=3 > bench.json
+expect 0 "bench a Case" -- "$ck" bench bench.json --plans block,sqrt --warmup 0 --repeats 2 --json bench_out.json
+for p in none block sqrt; do grep -q "^$p " out.txt || bad "bench table lacks $p"; done
+grep -q '"forward_kept_bytes"' bench_out.json && grep -q '"loss_divergence": 0.0' bench_out.json || { bad "bench json"; head -c 600 bench_out.json; }
+expect 0 "bench report with growth" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 --growth --out rep
+for f in report.md bench.json plans.csv losses.csv growth.csv memory_time.png losses.png growth.png; do
+  [ -s "rep/$f" ] || bad "bench report lacks $f"
+done
+grep -q "fitted peak = c + a \* L^k: none k = " out.txt || bad "bench growth fit missing"
+grep -q "!\[growth\](growth.png)" rep/report.md || bad "report does not show the growth plot"
+expect 0 "bench with a memory budget" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 --memory-budget 2M
+grep -q "within the budget: batch" out.txt || { bad "no budget batch"; cat out.txt; }
+expect 2 "bench: unknown preset" -- "$ck" bench --preset lab
+one_line_error "bench: unknown preset"
+expect 2 "bench: bad budget" -- "$ck" bench bench.json --memory-budget 12parsecs
+one_line_error "bench: bad budget"
+expect 2 "bench: --out is a file" -- "$ck" bench bench.json --out bench.json
+expect 2 "bench: a plan invalid for the Case" -- "$ck" bench bench.json --plans seg9
+[ -e rep2 ] && bad "a refused bench left a directory"
+expect 2 "bench: --out in a missing directory" -- "$ck" bench bench.json --out nodir/rep2
 grep -q "^fp32 .* layer0 .* 1.000e+00" out.txt && bad "frozen parameters counted as errors against fp64"
 
 # The time budget bounds the whole run, however many cases are asked for.

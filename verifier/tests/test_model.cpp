@@ -7,6 +7,8 @@
 #include "properties/property.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/model/model.hpp"
+#include "verifier/run/bench.hpp"
+#include "verifier/run/memory.hpp"
 #include "verifier/run/run.hpp"
 
 namespace ckv {
@@ -166,6 +168,104 @@ TEST(Model, RunsAreDeterministicPerSeed) {
   Case other = c;
   other.seed = 12;
   EXPECT_NE(train(other, nullptr).steps[0].losses, a.steps[0].losses);
+}
+
+// ---- memory measurement (verifier/run/memory.hpp) ----
+
+TEST(Memory, AccountsChargeTheBytesOfTheTensorsAllocatedWhileCurrent) {
+  MemoryReporting reporting;
+  MemoryAccount a(c10::DeviceType::CPU), b(c10::DeviceType::CPU);
+  torch::Tensor kept;
+  {
+    ChargeTo charge(&a);
+    kept = torch::empty({1000}, torch::kFloat);  // 4000 bytes
+    { const torch::Tensor temp = torch::empty({500}, torch::kDouble); }  // 4000 bytes, freed at once
+    {
+      ChargeTo none(nullptr);
+      const torch::Tensor uncharged = torch::empty({10000}, torch::kFloat);
+      EXPECT_EQ(a.live(), 4000);
+    }
+  }
+  EXPECT_EQ(a.live(), 4000);
+  EXPECT_EQ(a.peak(), 8000);
+  {
+    ChargeTo charge(&b);  // a free goes back to the account that allocated, whichever is current
+    kept = torch::Tensor();
+    const torch::Tensor t = torch::empty({250}, torch::kFloat);
+    EXPECT_EQ(b.live(), 1000);
+  }
+  EXPECT_EQ(a.live(), 0);
+  EXPECT_EQ(b.live(), 0);
+  a.reset_peak();
+  EXPECT_EQ(a.peak(), 0);
+}
+
+TEST(Memory, NothingIsReportedOutsideAReportingScope) {
+  MemoryAccount a(c10::DeviceType::CPU);
+  ChargeTo charge(&a);
+  const torch::Tensor t = torch::empty({1000}, torch::kFloat);
+  EXPECT_EQ(a.live(), 0);
+}
+
+TEST(Memory, TheRunStageRecordsEveryStepAndPerUnitLevels) {
+  Case c = base_case();
+  c.steps = 2;
+  const RunRecord r = train(c, nullptr);
+  ASSERT_EQ(r.memory.steps.size(), 2u);
+  for (const StepMemory& s : r.memory.steps) {
+    EXPECT_GT(s.after_forward, s.before);
+    EXPECT_GE(s.peak, s.after_forward);
+    EXPECT_LT(s.after_backward, s.after_forward) << "backward frees the activations";
+  }
+  // The same step twice holds the same bytes: the instruments (tap records, generator captures) are not
+  // charged to the run.
+  EXPECT_EQ(r.memory.steps[0].before, r.memory.steps[1].before);
+  EXPECT_EQ(r.memory.steps[0].peak, r.memory.steps[1].peak);
+  EXPECT_EQ(r.memory.unit_levels.size(), static_cast<size_t>(c.model.layers));
+  for (size_t i = 1; i < r.memory.unit_levels.size(); ++i)
+    EXPECT_GT(r.memory.unit_levels[i], r.memory.unit_levels[i - 1]) << "each block keeps activations";
+  EXPECT_GT(r.memory.params, 0);
+  ASSERT_EQ(r.times.size(), 2u);
+  EXPECT_EQ(r.times[0].unit_forward.size(), static_cast<size_t>(c.model.layers));
+}
+
+// ---- bench (verifier/run/bench.hpp) ----
+
+TEST(Bench, GrowthFitRecoversTheExponentDespiteAConstant) {
+  for (const double k : {0.5, 1.0}) {
+    std::vector<std::pair<double, double>> pts;
+    for (const double L : {4.0, 9.0, 16.0, 25.0, 36.0}) pts.emplace_back(L, 5000.0 + 300.0 * std::pow(L, k));
+    const GrowthFit f = fit_growth(pts);
+    EXPECT_NEAR(f.k, k, 1e-9);
+    EXPECT_NEAR(f.c, 5000.0, 1e-3);
+    EXPECT_NEAR(f.a, 300.0, 1e-3);
+  }
+}
+
+TEST(Bench, PlansTrainIdenticallyAndCheckpointingKeepsLess) {
+  Case c = case_from_line("layers=4 d=16 heads=2 ffn=4 vocab=7 batch=2 seq=16 seed=3");
+  BenchOptions o;
+  o.warmup = 0, o.repeats = 2, o.growth = true, o.growth_layers = {1, 4, 9};
+  std::vector<Plan> plans;
+  for (const char* s : {"none", "block", "sqrt"}) {
+    Plan p;
+    std::string err;
+    ASSERT_TRUE(Plan::parse(s, p, err));
+    plans.push_back(p);
+  }
+  const BenchResult r = run_bench(c, plans, [] { return make_builtin(); }, o);
+  ASSERT_EQ(r.plans.size(), 3u);
+  for (const PlanBench& p : r.plans) {
+    ASSERT_TRUE(p.completed) << p.plan << ": " << p.error;
+    EXPECT_EQ(p.losses, r.plans[0].losses) << p.plan << " trained differently";
+    EXPECT_GT(p.step_s, 0.0);
+  }
+  EXPECT_TRUE(r.diverged.empty());
+  EXPECT_LT(r.plans[1].forward_kept, r.plans[0].forward_kept / 2) << "block keeps only the block boundaries";
+  EXPECT_GE(r.plans[1].overhead_bound, 0.0);
+  ASSERT_EQ(r.growth.size(), 3u);
+  EXPECT_LT(r.growth[2].sqrt, r.growth[2].none);
+  EXPECT_GT(r.fit_none.k, r.fit_sqrt.k);
 }
 
 }  // namespace

@@ -1,0 +1,25 @@
+// verifier/cli/bench_report.hpp: what `ckverify bench` prints and writes. The console table and the
+// JSON carry the same numbers; `--out DIR` adds a Markdown report with gnuplot plots (memory against
+// step time per plan, the growth law, the loss curves, AMP drift) and the data beside them as CSV and JSON.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "verifier/run/amp_audit.hpp"
+#include "verifier/run/bench.hpp"
+
+namespace ckv::cli {
+
+std::string bench_table(const BenchResult& r);
+nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const std::string& device, int threads);
+// The files `--out DIR` writes, in order (relative to DIR). `plots`: gnuplot is available.
+std::vector<std::string> bench_report_files(const BenchResult& r, const AmpAudit* amp);
+// Writes them all (each atomically). Throws UsageError when a file cannot be written and
+// EnvironmentError when gnuplot fails.
+void write_bench_report(const std::string& dir, const BenchResult& r, const AmpAudit* amp, const std::string& impl,
+                        const std::string& device, int threads, const std::string& command);
+
+}  // namespace ckv::cli

@@ -1,0 +1,93 @@
+// verifier/run/bench.hpp: what a plan costs (`ckverify bench`). The seeds insist that a checkpoint plan
+// is chosen on measured peak memory, step time, tokens/s and numerical agreement together, never on
+// theory alone. For one Case and a list of plans, each plan trains the Case (the implementation under
+// test checkpointing it) for warm-up + repeat steps with the model's instruments off, and this records
+// per plan:
+//   - memory (memory.hpp, bytes on the Case's device): parameters, gradients, optimizer state, what
+//     the forward keeps for backward, the step's peak above its start, and the total peak;
+//   - time: forward, backward (recompute included) and optimizer, median over the repeats, with the
+//     spread; tokens/s; the recompute overhead against the no-checkpoint run, next to its bound
+//     T_fwd(recomputed units) / (T_fwd + T_bwd) measured on that run;
+//   - the loss curve: every plan trains the same model on the same data, so the curves must coincide;
+//   - optionally the largest batch that fits a memory budget, with its tokens/s.
+// The growth law (activation peak against depth, `none` and `sqrt`) is measured on the same block with
+// its parameters frozen, so parameter gradients (which grow like L whatever the plan) stay out of it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "verifier/case/case.hpp"
+#include "verifier/impls/interface.hpp"
+
+namespace ckv {
+
+struct BenchOptions {
+  int warmup = 1, repeats = 5;
+  int64_t memory_budget = 0;  // bytes; 0: no budget search
+  bool growth = false;        // also measure the growth law
+  std::vector<int> growth_layers = {4, 9, 16, 25, 36};
+  std::function<void(const std::string&)> progress;  // "plan 3/14: every2"
+};
+
+struct PlanBench {
+  std::string plan;
+  bool completed = false;
+  std::string error;
+  int64_t params = 0, grads = 0, optimizer = 0;  // bytes
+  int64_t forward_kept = 0;                      // what the forward keeps for backward (first micro-batch)
+  int64_t step_peak = 0;                         // the step's peak above its start
+  int64_t total_peak = 0;                        // parameters + optimizer + the step's peak
+  double saving = 0.0;                           // 1 - total_peak / total_peak(none)
+  double step_s = 0.0, spread = 0.0;             // median step time; (max - min) / median
+  double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;  // medians
+  double tokens_per_s = 0.0;
+  double overhead = 0.0;        // step_s / step_s(none) - 1
+  double overhead_bound = -1;   // -1: not computable for this plan (units differ from none's)
+  std::vector<double> losses;   // per step (summed over micro-batches)
+  double loss_divergence = 0.0;  // max over steps |loss - loss(none)| / max(|loss(none)|, 1e-12)
+  int budget_batch = 0;          // largest batch within the budget (0: none fits, or no budget)
+  int64_t budget_peak = 0;
+  double budget_tokens_per_s = 0.0;
+};
+
+struct GrowthPoint {
+  int layers = 0;
+  int64_t none = 0, sqrt = 0;  // the step's peak above its start, block parameters frozen
+};
+
+// peak(L) = c + a * L^k, fitted.
+struct GrowthFit {
+  double k = 0.0, c = 0.0, a = 0.0;
+};
+
+struct BenchResult {
+  std::string case_line;
+  int tokens_per_step = 0;
+  std::vector<PlanBench> plans;
+  std::vector<GrowthPoint> growth;
+  GrowthFit fit_none, fit_sqrt;  // least squares over k in (0, 3] (step 0.01), c and a linear
+  std::vector<std::string> diverged;  // plans whose loss curve left none's (beyond kLossTolerance)
+};
+
+inline constexpr double kLossTolerance = 1e-5;  // relative; CPU fp32 replays are bitwise equal
+
+// The preset of seed 001's lab: 20 blocks of LayerNorm -> Linear(D,4D) -> ReLU -> Linear(4D,D) +
+// residual (attn=off), D=256, batch 2, seq 1024 on CPU (activations outweigh the parameters, as at the
+// seed's size); the seed's D=2048, batch 2, seq 2048 on CUDA.
+Case seed_lab_case(const std::string& device);
+// Its plans: none; checkpoint every n = 1, 2, 4, 8; segments 1, 2, 4, 10, 20; hybrid from 0, 5, 10, 15.
+std::vector<Plan> seed_lab_plans();
+// The plans benchmarked for any other Case: none, block, every2, sqrt, seg2 (those valid for it).
+std::vector<Plan> default_bench_plans(const Case& c);
+
+// Throws EnvironmentError when the Case cannot run here; std::runtime_error when the none run fails.
+BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
+                      const std::function<std::unique_ptr<CheckpointImpl>()>& make_impl, const BenchOptions& options);
+
+// Fits peak = c + a * L^k to (L, peak) points (at least 3; otherwise all zero).
+GrowthFit fit_growth(const std::vector<std::pair<double, double>>& points);
+
+}  // namespace ckv
