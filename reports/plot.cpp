@@ -94,6 +94,8 @@ std::string gnuplot_script(const LinePlot& p, const std::string& data_path, cons
 
 void write_png(const LinePlot& p, const std::string& png_path) {
   namespace fs = std::filesystem;
+  for (const Series& s : p.series)
+    if (s.points.empty()) throw PlotError("no data for \"" + s.title + "\" in " + p.title);
   std::string dir = (fs::temp_directory_path() / "ckverify-plot-XXXXXX").string();
   if (!::mkdtemp(dir.data())) throw PlotError("cannot create a temporary directory for the plot");
   const fs::path target(png_path);

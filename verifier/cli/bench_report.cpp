@@ -18,12 +18,13 @@ double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 std::string pct(double x) { return fmt::format("{:+.1f}%", 100.0 * x); }
 std::string bound_text(const PlanBench& p) { return p.overhead_bound < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * p.overhead_bound); }
 // Memory saved per unit of time overhead (the seed's "saving/overhead" ratio); "-" for none, "free"
-// when the overhead is within the timing noise (the larger spread of the plan's and none's steps).
+// for no measured overhead, and a "~" when the overhead is within the timing noise (the larger spread
+// of the plan's and none's steps).
 std::string ratio_text(const PlanBench& p, const BenchResult& r) {
   if (p.plan == "none") return "-";
+  if (p.overhead <= 0) return p.saving > 0 ? "free" : "-";
   const double noise = std::max(p.spread, r.plans.empty() ? 0.0 : r.plans.front().spread);
-  if (p.overhead <= noise) return p.saving > 0 ? "free" : "-";
-  return fmt::format("{:.2f}", p.saving / p.overhead);
+  return fmt::format("{:.2f}{}", p.saving / p.overhead, p.overhead < noise ? "~" : "");
 }
 }  // namespace
 
@@ -232,7 +233,7 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
         "gradients as they are built, temporaries). Kept: what the forward keeps for backward. Times are medians "
         "over the repeats (spread = (max - min) / median). Overhead: step time against `none`; bound: "
         "T_fwd(recomputed units) / (T_fwd + T_bwd) measured on `none`. save/ovh: memory saving per unit of time "
-        "overhead (free: the overhead is within the timing spread). loss dev: largest relative deviation of the plan's loss curve from `none`'s.\n\n";
+        "overhead (free: none measured; ~: the overhead is within the timing spread, so the ratio is noise-bound). loss dev: largest relative deviation of the plan's loss curve from `none`'s.\n\n";
   md += "| plan | peak MiB | saving | kept MiB | step ms | spread | fwd ms | bwd ms | opt ms | overhead | bound | tokens/s | "
         "save/ovh | loss dev |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const PlanBench& p : r.plans) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "verifier/run/memory.hpp"
 #include "verifier/run/run.hpp"
 
 namespace ckv {
@@ -42,28 +43,30 @@ struct Measured {
   std::vector<double> unit_forward;  // medians per unit
 };
 
-// Trains `c` (its plan, steps = warmup + repeats) and reduces the record.
-Measured measure(const Case& c, CheckpointImpl* impl, int warmup) {
+// Reduces one plan's record (steps = warmup + repeats).
+Measured reduce(const Case& c, RunRecord r, int warmup) {
   Measured m;
   m.bench.plan = c.plan.to_string();
-  TrainOptions opt;
-  opt.record_sites = false;
-  m.record = train(c, impl, opt);
-  const RunRecord& r = m.record;
+  m.record = std::move(r);
+  const RunRecord& rec = m.record;
   PlanBench& b = m.bench;
-  b.completed = r.completed;
-  b.error = r.error;
-  if (!r.completed) return m;
-  const size_t first = std::min(static_cast<size_t>(warmup), r.memory.steps.size() - 1);
-  const StepMemory& s = r.memory.steps.at(first);
-  b.params = r.memory.params, b.grads = r.memory.grads, b.optimizer = r.memory.optimizer;
+  b.completed = rec.completed;
+  b.error = rec.error;
+  if (!rec.completed || rec.memory.steps.empty() || rec.steps.size() != static_cast<size_t>(c.steps)) {
+    if (b.error.empty()) b.error = "the run recorded " + std::to_string(rec.steps.size()) + " of its steps";
+    b.completed = false;
+    return m;
+  }
+  const size_t first = std::min(static_cast<size_t>(warmup), rec.memory.steps.size() - 1);
+  const StepMemory& s = rec.memory.steps.at(first);
+  b.params = rec.memory.params, b.grads = rec.memory.grads, b.optimizer = rec.memory.optimizer;
   b.forward_kept = s.after_forward - s.before;
   b.step_peak = s.peak - s.before;
   b.total_peak = b.params + b.optimizer + s.peak;
   std::vector<double> step, fwd, bwd, upd;
   std::vector<std::vector<double>> units;
-  for (size_t k = first; k < r.times.size(); ++k) {
-    const StepTime& t = r.times[k];
+  for (size_t k = first; k < rec.times.size(); ++k) {
+    const StepTime& t = rec.times[k];
     fwd.push_back(t.forward), bwd.push_back(t.backward), upd.push_back(t.optimizer);
     step.push_back(t.forward + t.backward + t.optimizer);
     units.resize(t.unit_forward.size());
@@ -74,13 +77,54 @@ Measured measure(const Case& c, CheckpointImpl* impl, int warmup) {
   b.spread = b.step_s > 0 ? (*hi - *lo) / b.step_s : 0.0;
   const double tokens = static_cast<double>(c.batch) * c.seq * c.micro;
   b.tokens_per_s = b.step_s > 0 ? tokens / b.step_s : 0.0;
-  for (const auto& st : r.steps) {
+  for (const auto& st : rec.steps) {
     double l = 0.0;
     for (double x : st.losses) l += x;
     b.losses.push_back(l);
   }
   for (const auto& u : units) m.unit_forward.push_back(median(u));
   return m;
+}
+
+// Trains `c` (its plan, steps = warmup + repeats) on its own and reduces the record.
+Measured measure(const Case& c, CheckpointImpl* impl, int warmup) {
+  TrainOptions opt;
+  opt.record_sites = false;
+  return reduce(c, train(c, impl, opt), warmup);
+}
+
+// Trains every Case of `cases` (one per plan) step by step in turn, so that a machine whose speed
+// drifts during the benchmark (shared, throttled) slows every plan alike, and reduces each record.
+std::vector<Measured> measure_interleaved(const std::vector<Case>& cases,
+                                          const std::vector<std::unique_ptr<CheckpointImpl>>& impls, int warmup,
+                                          const std::function<void(const std::string&)>& say) {
+  MemoryReporting reporting;
+  std::vector<std::unique_ptr<TrainingRun>> runs;
+  std::vector<std::string> errors(cases.size());
+  std::vector<std::vector<StepRecord>> steps_done(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    runs.push_back(std::make_unique<TrainingRun>(cases[i], impls[i].get()));
+    runs.back()->record_sites(false);
+  }
+  const int steps = cases.front().steps, micro = cases.front().micro;
+  for (int s = 0; s < steps; ++s)
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (!errors[i].empty()) continue;
+      if (say) say(fmt::format("step {}/{}: {}", s + 1, steps, cases[i].plan.to_string()));
+      try {
+        for (StepRecord& r : runs[i]->advance_to((s + 1) * micro)) steps_done[i].push_back(std::move(r));
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    }
+  std::vector<Measured> out;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::runtime_error err(errors[i]);
+    RunRecord r = runs[i]->record(errors[i].empty() ? nullptr : &err);
+    r.steps = std::move(steps_done[i]);
+    out.push_back(reduce(cases[i], std::move(r), warmup));
+  }
+  return out;
 }
 
 // Units in checkpointed segments (those the backward recomputes), by forward index; empty when the
@@ -197,31 +241,34 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
     if (o.progress) o.progress(s);
   };
 
-  // The no-checkpoint run first: every plan is compared with it.
-  const size_t total = plans.size() + (o.growth ? 2 * o.growth_layers.size() : 0);
+  // Every plan (none first: every plan is compared with it) trained step by step in turn.
+  std::vector<Case> cases;
+  std::vector<std::unique_ptr<CheckpointImpl>> impls;
+  std::vector<Plan> order = {Plan{}};
+  for (const Plan& p : plans)
+    if (p != Plan{}) order.push_back(p);
+  for (const Plan& p : order) {
+    Case k = base;
+    k.plan = p;
+    cases.push_back(k);
+    impls.push_back(p == Plan{} ? nullptr : make_impl());
+  }
+  const size_t total = o.growth ? 2 * o.growth_layers.size() : 0;
   size_t done = 0;
-  say(fmt::format("[{}/{}] none", ++done, total));
-  Measured none = measure(base, nullptr, o.warmup);
+  std::vector<Measured> measured = measure_interleaved(cases, impls, o.warmup, o.progress);
+  const Measured& none = measured.front();
   if (!none.bench.completed) throw std::runtime_error("bench: the run without checkpointing failed: " + none.bench.error);
   for (const Plan& p : plans) {
-    PlanBench b;
-    if (p == Plan{}) {
-      b = none.bench;
-    } else {
-      say(fmt::format("[{}/{}] {}", ++done, total, p.to_string()));
-      Case k = base;
-      k.plan = p;
-      auto impl = make_impl();
-      Measured m = measure(k, impl.get(), o.warmup);
-      b = m.bench;
-      if (b.completed) {
-        const std::vector<bool> rec = recomputed_units(k, p, none.unit_forward.size());
-        if (!rec.empty() && none.bench.forward_s + none.bench.backward_s > 0) {
-          double t = 0.0;
-          for (size_t u = 0; u < rec.size(); ++u)
-            if (rec[u]) t += none.unit_forward[u];
-          b.overhead_bound = t / (none.bench.forward_s + none.bench.backward_s);
-        }
+    size_t idx = 0;
+    while (!(order[idx] == p)) ++idx;
+    PlanBench b = measured[idx].bench;
+    if (b.completed && p != Plan{}) {
+      const std::vector<bool> rec = recomputed_units(cases[idx], p, none.unit_forward.size());
+      if (!rec.empty() && none.bench.forward_s + none.bench.backward_s > 0) {
+        double t = 0.0;
+        for (size_t u = 0; u < rec.size(); ++u)
+          if (rec[u]) t += none.unit_forward[u];
+        b.overhead_bound = t / (none.bench.forward_s + none.bench.backward_s);
       }
     }
     if (b.completed) {
@@ -235,10 +282,9 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
       }
       if (!(b.loss_divergence <= kLossTolerance)) out.diverged.push_back(b.plan);
       if (o.memory_budget > 0) {
+        if (o.progress) say(fmt::format("memory budget: {}", b.plan));
         auto impl = p == Plan{} ? nullptr : make_impl();
-        Case k = base;
-        k.plan = p;
-        budget_search(k, impl.get(), o.memory_budget, o, b);
+        budget_search(cases[idx], impl.get(), o.memory_budget, o, b);
       }
     }
     out.plans.push_back(std::move(b));

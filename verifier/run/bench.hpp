@@ -1,8 +1,9 @@
 // verifier/run/bench.hpp: what a plan costs (`ckverify bench`). The seeds insist that a checkpoint plan
 // is chosen on measured peak memory, step time, tokens/s and numerical agreement together, never on
 // theory alone. For one Case and a list of plans, each plan trains the Case (the implementation under
-// test checkpointing it) for warm-up + repeat steps with the model's instruments off, and this records
-// per plan:
+// test checkpointing it) for warm-up + repeat steps with the model's instruments off, all plans step
+// by step in turn (so that a shared machine's drifting speed slows every plan alike), and this
+// records per plan:
 //   - memory (memory.hpp, bytes on the Case's device): parameters, gradients, optimizer state, what
 //     the forward keeps for backward, the step's peak above its start, and the total peak;
 //   - time: forward, backward (recompute included) and optimizer, median over the repeats, with the
@@ -29,7 +30,7 @@ struct BenchOptions {
   int64_t memory_budget = 0;  // bytes; 0: no budget search
   bool growth = false;        // also measure the growth law
   std::vector<int> growth_layers = {4, 9, 16, 25, 36};
-  std::function<void(const std::string&)> progress;  // "plan 3/14: every2"
+  std::function<void(const std::string&)> progress;  // "step 2/6: every2"
 };
 
 struct PlanBench {

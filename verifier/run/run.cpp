@@ -899,6 +899,14 @@ int TrainingRun::end() const {
 std::vector<StepRecord> TrainingRun::advance_to(int position) {
   return impl_->t->advance_to(std::min(position, end()));
 }
+void TrainingRun::record_sites(bool on) {
+  impl_->t->record_sites(on);
+}
+RunRecord TrainingRun::record(const std::exception* error) {
+  RunRecord r;
+  impl_->t->finish(r, error);
+  return r;
+}
 TrainingState TrainingRun::state(StateFault fault) const {
   return impl_->t->save_state(fault);
 }

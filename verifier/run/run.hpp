@@ -204,6 +204,10 @@ class TrainingRun {
   std::vector<StepRecord> advance_to(int position);
   TrainingState state(StateFault fault) const;
   void load(const TrainingState& s);  // a fresh run only
+  // Off: the model's sites keep no records (TrainOptions::record_sites).
+  void record_sites(bool on);
+  // What the run recorded so far (memory, times, steps' sites); `error`: the run stopped on it.
+  RunRecord record(const std::exception* error = nullptr);
   // FNV-1a digest of the whole training state (parameters, accumulated gradients, optimizer, side
   // effects, generators, position), as 16 hex digits.
   std::string digest() const;

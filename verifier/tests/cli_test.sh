@@ -138,6 +138,7 @@ for f in report.md bench.json plans.csv losses.csv growth.csv memory_time.png lo
   [ -s "rep/$f" ] || bad "bench report lacks $f"
 done
 grep -q "fitted peak = c + a \* L^k: none k = " out.txt || bad "bench growth fit missing"
+[ "$(grep -c -e "^none,0," -e "^block,0," rep/losses.csv)" = 2 ] || { bad "losses.csv lacks a plan's loss"; cat rep/losses.csv; }
 grep -q "!\[growth\](growth.png)" rep/report.md || bad "report does not show the growth plot"
 expect 0 "bench with a memory budget" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 --memory-budget 2M
 grep -q "within the budget: batch" out.txt || { bad "no budget batch"; cat out.txt; }

@@ -257,6 +257,7 @@ TEST(Bench, PlansTrainIdenticallyAndCheckpointingKeepsLess) {
   ASSERT_EQ(r.plans.size(), 3u);
   for (const PlanBench& p : r.plans) {
     ASSERT_TRUE(p.completed) << p.plan << ": " << p.error;
+    EXPECT_EQ(p.losses.size(), 2u) << p.plan;
     EXPECT_EQ(p.losses, r.plans[0].losses) << p.plan << " trained differently";
     EXPECT_GT(p.step_s, 0.0);
   }
