@@ -2,6 +2,7 @@
 #include "verifier/run/bench.hpp"
 
 #include <fmt/format.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,14 @@
 
 namespace ckv {
 namespace {
+
+// Gives the memory malloc kept from finished runs back to the system (`ckverify bench` lets malloc
+// keep what it frees during a run, and check_environment compares the next Case with what is free).
+void release_free_memory() {
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+}
 
 std::string validation_error(const Case& c) {
   try {
@@ -90,6 +99,7 @@ Measured reduce(const Case& c, RunRecord r, int warmup) {
 Measured measure(const Case& c, CheckpointImpl* impl, int warmup) {
   TrainOptions opt;
   opt.record_sites = false;
+  release_free_memory();
   return reduce(c, train(c, impl, opt), warmup);
 }
 
@@ -98,6 +108,7 @@ Measured measure(const Case& c, CheckpointImpl* impl, int warmup) {
 std::vector<Measured> measure_interleaved(const std::vector<Case>& cases,
                                           const std::vector<std::unique_ptr<CheckpointImpl>>& impls, int warmup,
                                           const std::function<void(const std::string&)>& say) {
+  release_free_memory();
   MemoryReporting reporting;
   std::vector<std::unique_ptr<TrainingRun>> runs;
   std::vector<std::string> errors(cases.size());
@@ -318,6 +329,7 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
     out.fit_none = fit_growth(pn);
     out.fit_sqrt = fit_growth(ps);
   }
+  release_free_memory();
   return out;
 }
 
