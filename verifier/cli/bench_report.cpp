@@ -51,9 +51,12 @@ std::string bench_table(const BenchResult& r) {
     s += fmt::format("{:>8} {:>14} {:>14}\n", "layers", "none KiB", "sqrt KiB");
     for (const GrowthPoint& g : r.growth)
       s += fmt::format("{:>8} {:>14.1f} {:>14.1f}\n", g.layers, g.none / 1024.0, g.sqrt / 1024.0);
-    s += fmt::format("fitted peak = c + a * L^k: none k = {:.2f} (c {:.0f} KiB), sqrt k = {:.2f} (c {:.0f} KiB)\n",
-                     r.fit_none.k, r.fit_none.c / 1024.0, r.fit_sqrt.k, r.fit_sqrt.c / 1024.0);
+    if (r.growth.size() >= 3)
+      s += fmt::format("fitted peak = c + a * L^k: none k = {:.2f} (c {:.0f} KiB), sqrt k = {:.2f} (c {:.0f} KiB)\n",
+                       r.fit_none.k, r.fit_none.c / 1024.0, r.fit_sqrt.k, r.fit_sqrt.c / 1024.0);
   }
+  if (!r.growth_stopped.empty()) s += "growth stopped short at " + r.growth_stopped + "\n";
+  if (!r.growth_failed.empty()) s += "growth: the implementation failed at " + r.growth_failed + "\n";
   return s;
 }
 
@@ -103,7 +106,7 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
 
 std::vector<std::string> bench_report_files(const BenchResult& r, const AmpAudit* amp) {
   std::vector<std::string> f = {"report.md", "bench.json", "plans.csv", "losses.csv", "memory_time.png", "losses.png"};
-  if (!r.growth.empty()) f.insert(f.end(), {"growth.csv", "growth.png"});
+  if (!r.growth.empty()) f.insert(f.end(), {"growth.csv", "growth.png"});  // growth.png: 3 depths or more
   if (amp) f.insert(f.end(), {"amp.csv", "amp_drift.png"});
   return f;
 }
@@ -180,7 +183,7 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
       }
     plot(p, "losses.png");
   }
-  if (!r.growth.empty()) {
+  if (r.growth.size() >= 3) {
     report::LinePlot p;
     p.title = fmt::format("ckverify bench: activation peak vs depth (fit c + a*L^k: none k = {:.2f}, sqrt k = {:.2f})",
                           r.fit_none.k, r.fit_sqrt.k);
@@ -265,8 +268,11 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
                       "| layers | none KiB | sqrt KiB |\n|---:|---:|---:|\n",
                       r.fit_none.k, r.fit_sqrt.k);
     for (const GrowthPoint& g : r.growth) md += fmt::format("| {} | {:.1f} | {:.1f} |\n", g.layers, g.none / 1024.0, g.sqrt / 1024.0);
-    md += "\n![growth](growth.png)\n\n";
+    if (r.growth.size() >= 3) md += "\n![growth](growth.png)\n";
+    md += "\n";
   }
+  if (!r.growth_stopped.empty()) md += "Growth stopped short at " + r.growth_stopped + ".\n\n";
+  if (!r.growth_failed.empty()) md += "**Growth: the implementation failed** at " + r.growth_failed + ".\n\n";
   if (amp) {
     md += fmt::format("## AMP drift\n\n`ckverify audit-amp` on the same Case, plan `{}`: gradient error against fp64 per "
                       "parameter group and precision, with and without checkpointing (data: amp.csv). {}\n\n",

@@ -645,6 +645,10 @@ int cmd_bench(BenchArgs a) {
     std::cout << "FAIL: plan " << failed.front() << std::endl;
     return kExitFailed;
   }
+  if (!r.growth_failed.empty()) {
+    std::cout << "FAIL: growth: " << r.growth_failed << std::endl;
+    return kExitFailed;
+  }
   if (!r.diverged.empty()) {
     std::cout << "FAIL: the loss curve of plan " << r.diverged.front() << " left none's" << std::endl;
     return kExitFailed;

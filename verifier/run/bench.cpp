@@ -311,17 +311,34 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
       k.steps = 1;
       k.freeze = Freeze::blocks;
       k.model.tie = Tie::none;
+      bool stop = false;
       for (const char* plan : {"none", "sqrt"}) {
         say(fmt::format("[{}/{}] growth L={} {}", ++done, total, layers, plan));
         k.plan = plan_of(plan);
-        const std::string invalid = validation_error(k);
-        if (!invalid.empty()) throw std::invalid_argument("bench growth at L=" + std::to_string(layers) + ": " + invalid);
+        if (const std::string invalid = validation_error(k); !invalid.empty()) {
+          out.growth_stopped = fmt::format("L={}: {}", layers, invalid);
+          stop = true;
+          break;
+        }
+        try {
+          check_environment(k);
+        } catch (const EnvironmentError& e) {
+          out.growth_stopped = fmt::format("L={}: {}", layers, e.what());
+          stop = true;
+          break;
+        }
         auto impl = k.plan == Plan{} ? nullptr : make_impl();
         Measured m = measure(k, impl.get(), 0);
-        if (!m.bench.completed)
-          throw std::runtime_error(fmt::format("bench growth: L={} plan {} failed: {}", layers, plan, m.bench.error));
+        if (!m.bench.completed) {
+          if (k.plan == Plan{})
+            throw std::runtime_error(fmt::format("bench growth: L={} without checkpointing failed: {}", layers, m.bench.error));
+          out.growth_failed = fmt::format("L={} plan {}: {}", layers, plan, m.bench.error);
+          stop = true;
+          break;
+        }
         (k.plan == Plan{} ? g.none : g.sqrt) = m.bench.step_peak;
       }
+      if (stop) break;
       pn.emplace_back(layers, static_cast<double>(g.none));
       ps.emplace_back(layers, static_cast<double>(g.sqrt));
       out.growth.push_back(g);

@@ -69,7 +69,9 @@ struct BenchResult {
   int tokens_per_step = 0;
   std::vector<PlanBench> plans;
   std::vector<GrowthPoint> growth;
-  GrowthFit fit_none, fit_sqrt;  // least squares over k in (0, 3] (step 0.01), c and a linear
+  GrowthFit fit_none, fit_sqrt;  // all zero when fewer than 3 depths were measured
+  std::string growth_stopped;    // why the growth law stops short (a depth this machine cannot run)
+  std::string growth_failed;     // the implementation failed at a depth (a finding: exit 1)  // least squares over k in (0, 3] (step 0.01), c and a linear
   std::vector<std::string> diverged;  // plans whose loss curve left none's (beyond kLossTolerance)
 };
 

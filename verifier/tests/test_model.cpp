@@ -269,5 +269,25 @@ TEST(Bench, PlansTrainIdenticallyAndCheckpointingKeepsLess) {
   EXPECT_GT(r.fit_none.k, r.fit_sqrt.k);
 }
 
+// An implementation that fails is a finding of the growth law, and a depth the Case limits refuse stops
+// it short with the reason; neither loses the plans' results.
+TEST(Bench, GrowthReportsAFailingImplementationAndStopsShortAtALimit) {
+  struct Throws : CheckpointImpl {
+    std::vector<torch::Tensor> run(const SegmentCall&) override { throw std::runtime_error("planted"); }
+  };
+  Case c = case_from_line("layers=2 d=8 heads=2 ffn=2 vocab=5 batch=1 seq=4 seed=3");
+  BenchOptions o;
+  o.warmup = 0, o.repeats = 1, o.growth = true, o.growth_layers = {1, 2, 4};
+  const BenchResult failing = run_bench(c, {Plan{}}, [] { return std::make_unique<Throws>(); }, o);
+  ASSERT_EQ(failing.plans.size(), 1u);
+  EXPECT_TRUE(failing.plans[0].completed);
+  EXPECT_NE(failing.growth_failed.find("planted"), std::string::npos) << failing.growth_failed;
+  o.growth_layers = {1, 2, 4, kMaxLayers + 1};
+  const BenchResult limited = run_bench(c, {Plan{}}, [] { return make_builtin(); }, o);
+  EXPECT_EQ(limited.growth.size(), 3u);
+  EXPECT_EQ(limited.growth_stopped.rfind("L=65", 0), 0u) << limited.growth_stopped;
+  EXPECT_TRUE(limited.growth_failed.empty());
+}
+
 }  // namespace
 }  // namespace ckv
