@@ -7,6 +7,7 @@
 
 #include "properties/generators.hpp"
 #include "properties/property.hpp"
+#include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/impls/registry.hpp"
 
 namespace ckv {
@@ -192,6 +193,33 @@ TEST(MemorySaved, BothChecksFire) {
   Observations inputs = o;
   inputs.test.memory.steps[1].after_backward += 8 * o.baseline.memory.segment_output[0];
   EXPECT_FALSE(p->judge(inputs).failed()) << p->judge(inputs).detail;
+}
+
+// A correct implementation written differently: it saves clones of its tensor inputs (as DeepSpeed's
+// partitioned or contiguous checkpoints do) and keeps a generator state per call until the step ends
+// (as an RNG tracker does). memory-saved must hold for it on a hand-written Case outside the
+// generator's range, with micro-batches held at once.
+TEST(MemorySaved, HoldsForAnImplementationThatCopiesInputsAndKeepsStatePerCall) {
+  class CopyingCheckpoint : public CheckpointImpl {
+   public:
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      std::vector<c10::IValue> args;
+      for (const auto& a : call.args) args.push_back(a.isTensor() && a.toTensor().defined() ? c10::IValue(a.toTensor().clone()) : a);
+      kept_.push_back(RngState::capture());
+      return checkpoint(call.fn, std::move(args));
+    }
+    void end_step(int) override { kept_.clear(); }
+
+   private:
+    std::vector<RngState> kept_;
+  };
+  for (const char* keys : {"plan=sqrt micro=2 sched=ffbb", "plan=block micro=3 segio=multi", "plan=seg3 prec=bf16"}) {
+    const Case c = case_from_line(std::string("layers=12 d=32 heads=4 ffn=4 vocab=13 batch=8 seq=32 steps=2 seed=9 ") + keys);
+    CopyingCheckpoint impl;
+    const auto fs = check_case(c, impl);
+    EXPECT_EQ(failures(fs), "") << keys;
+    EXPECT_EQ(finding(fs, "memory-saved").detail.rfind("activation peak", 0), 0u) << keys << ": not judged";
+  }
 }
 
 // ---- side effects ----

@@ -28,6 +28,28 @@ std::string ratio_text(const PlanBench& p, const BenchResult& r) {
 }
 }  // namespace
 
+report::LinePlot amp_error_plot(const std::vector<AmpRow>& rows, const std::string& plan, const std::string& impl) {
+  report::LinePlot p;
+  p.title = "ckverify audit-amp: gradient error vs the fp64 reference per parameter group (impl " + impl + ")";
+  p.xlabel = "parameter group (blocks in order, then final norm and head)";
+  p.ylabel = "relative L2 error of the gradients (values below 1e-12 drawn at 1e-12)";
+  p.log_y = true, p.y_floor = 1e-12;
+  std::map<int, std::string> tics;
+  std::map<std::string, report::Series> series;
+  for (const AmpRow& r : rows) {
+    tics[r.position] = r.group.rfind("layer", 0) == 0 ? r.group.substr(5) : r.group;
+    const std::string key = r.precision + (r.checkpointed ? " checkpointed (" + plan + ")" : " not checkpointed");
+    series[key].title = key;
+    series[key].points.emplace_back(r.position, r.rel_l2);
+  }
+  for (const auto& [x, label] : tics) p.xtics.emplace_back(x, label);
+  for (auto& [k, s] : series) {
+    std::sort(s.points.begin(), s.points.end());
+    p.series.push_back(s);
+  }
+  return p;
+}
+
 std::string bench_table(const BenchResult& r) {
   std::string s = fmt::format("{:<8} {:>10} {:>8} {:>10} {:>10} {:>11} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10} {:>8} {:>9}\n",
                               "plan", "peak MiB", "saving", "kept MiB", "step ms", "(spread)", "fwd ms", "bwd ms",
@@ -104,9 +126,9 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
   return j;
 }
 
-std::vector<std::string> bench_report_files(const BenchResult& r, const AmpAudit* amp) {
+std::vector<std::string> bench_report_files(bool growth, bool amp) {
   std::vector<std::string> f = {"report.md", "bench.json", "plans.csv", "losses.csv", "memory_time.png", "losses.png"};
-  if (!r.growth.empty()) f.insert(f.end(), {"growth.csv", "growth.png"});  // growth.png: 3 depths or more
+  if (growth) f.insert(f.end(), {"growth.csv", "growth.png"});  // growth.png: written with 3 depths or more
   if (amp) f.insert(f.end(), {"amp.csv", "amp_drift.png"});
   return f;
 }
@@ -206,27 +228,7 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
     p.series = {n, q, fn, fq};
     plot(p, "growth.png");
   }
-  if (amp) {
-    report::LinePlot p;
-    p.title = "ckverify audit-amp: gradient error vs the fp64 reference per parameter group (impl " + impl + ")";
-    p.xlabel = "parameter group (blocks in order, then final norm and head)";
-    p.ylabel = "relative L2 error of the gradients (below 1e-12 drawn at 1e-12)";
-    p.log_y = true, p.y_floor = 1e-12;
-    std::map<int, std::string> tics;
-    std::map<std::string, report::Series> series;
-    for (const AmpRow& row : amp->rows) {
-      tics[row.position] = row.group.rfind("layer", 0) == 0 ? row.group.substr(5) : row.group;
-      const std::string key = row.precision + (row.checkpointed ? " checkpointed (" + amp->plan + ")" : " not checkpointed");
-      series[key].title = key;
-      series[key].points.emplace_back(row.position, row.rel_l2);
-    }
-    for (const auto& [x, label] : tics) p.xtics.emplace_back(x, label);
-    for (auto& [k, s] : series) {
-      std::sort(s.points.begin(), s.points.end());
-      p.series.push_back(s);
-    }
-    plot(p, "amp_drift.png");
-  }
+  if (amp) plot(amp_error_plot(amp->rows, amp->plan, impl), "amp_drift.png");
 
   // The report.
   std::string md = "# ckverify bench\n\n";

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "reports/plot.hpp"
 #include "verifier/run/amp_audit.hpp"
 #include "verifier/run/bench.hpp"
 
@@ -15,8 +16,10 @@ namespace ckv::cli {
 
 std::string bench_table(const BenchResult& r);
 nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const std::string& device, int threads);
-// The files `--out DIR` writes, in order (relative to DIR). `plots`: gnuplot is available.
-std::vector<std::string> bench_report_files(const BenchResult& r, const AmpAudit* amp);
+// The files `--out DIR` may write (relative to DIR), for a run with or without --growth and --amp.
+std::vector<std::string> bench_report_files(bool growth, bool amp);
+// The per-group gradient error plot of an AMP audit (`audit-amp --plot`, the bench report).
+report::LinePlot amp_error_plot(const std::vector<AmpRow>& rows, const std::string& plan, const std::string& impl);
 // Writes them all (each atomically). Throws UsageError when a file cannot be written and
 // EnvironmentError when gnuplot fails.
 void write_bench_report(const std::string& dir, const BenchResult& r, const AmpAudit* amp, const std::string& impl,

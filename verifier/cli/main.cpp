@@ -456,25 +456,7 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
     write_atomically(json_path, j.dump(2) + "\n");
   }
   if (!plot_path.empty()) {
-    report::LinePlot p;
-    p.title = "ckverify audit-amp: gradient error vs the fp64 reference per parameter group (impl " + impl + ")";
-    p.xlabel = "parameter group (blocks in order, then final norm and head)";
-    p.ylabel = "relative L2 error of the gradients (values below 1e-12 drawn at 1e-12)";
-    p.log_y = true, p.y_floor = 1e-12;
-    std::map<int, std::string> tics;
-    std::map<std::string, report::Series> series;
-    for (const AmpRow& r : rows) {
-      tics[r.position] = r.group.rfind("layer", 0) == 0 ? r.group.substr(5) : r.group;
-      const std::string key =
-          r.precision + (r.checkpointed ? " checkpointed (" + plan_name + ")" : " not checkpointed");
-      series[key].title = key;
-      series[key].points.emplace_back(r.position, r.rel_l2);
-    }
-    for (const auto& [x, label] : tics) p.xtics.emplace_back(x, label);
-    for (auto& [k, s] : series) {
-      std::sort(s.points.begin(), s.points.end());
-      p.series.push_back(s);
-    }
+    const report::LinePlot p = amp_error_plot(rows, plan_name, impl);
     try {
       report::write_png(p, plot_path);
     } catch (const report::PlotError& e) {
@@ -579,14 +561,8 @@ int cmd_bench(BenchArgs a) {
   } else {
     plans = a.preset.empty() ? default_bench_plans(c) : seed_lab_plans();
   }
-  std::vector<std::string> files;
-  if (!a.out_dir.empty()) {
-    BenchResult shape;
-    if (a.growth) shape.growth.resize(1);
-    AmpAudit dummy;
-    files = bench_report_files(shape, a.amp ? &dummy : nullptr);
-    for (const auto& f : files) outs.emplace_back("--out", a.out_dir + "/" + f);
-  }
+  if (!a.out_dir.empty())
+    for (const auto& f : bench_report_files(a.growth, a.amp)) outs.emplace_back("--out", a.out_dir + "/" + f);
   bool created = false;
   if (!a.out_dir.empty() && !std::filesystem::exists(a.out_dir)) {
     std::error_code ec;

@@ -2,6 +2,8 @@
 #include "verifier/run/memory.hpp"
 
 #include <c10/core/Allocator.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/Logging.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <algorithm>
@@ -63,8 +65,17 @@ class Reporter : public c10::MemoryReportingInfoBase {
 
 }  // namespace
 
+// While reporting is on, LibTorch's CPU allocator logs a warning ("Memory block of unknown size was
+// allocated before the profiling started") when a tensor allocated before it is freed: expected here,
+// and noise on a user's terminal. Without glog (the PyPI wheel) c10's own log level silences it for
+// the scope; with glog (Debian's 1.13) the line can appear once per process.
 struct MemoryReporting::Guard {
   c10::DebugInfoGuard g{c10::DebugInfoKind::PROFILER_STATE, std::make_shared<Reporter>()};
+#ifndef C10_USE_GLOG
+  int saved_level = FLAGS_caffe2_log_level;
+  Guard() { FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2); }  // 2: errors only
+  ~Guard() { FLAGS_caffe2_log_level = saved_level; }
+#endif
 };
 MemoryReporting::MemoryReporting() : guard_(std::make_unique<Guard>()) {}
 MemoryReporting::~MemoryReporting() = default;
