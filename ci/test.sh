@@ -26,7 +26,7 @@ t5=$(date +%s)
 # Sanitizer leg: ASan + UBSan over the LibTorch-free tests (configured against the floor LibTorch,
 # which is quick to find; only torch-free targets are built).
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKVERIFY_FLOOR=ON -DCKVERIFY_SANITIZE=ON >/dev/null
-cmake --build build-asan -j "$jobs" --target reference_tests case_tests compare_tests
-ctest --test-dir build-asan --output-on-failure -R "^(reference_tests|case_tests|compare_tests)$" -j 1
+cmake --build build-asan -j "$jobs" --target reference_tests case_tests compare_tests case_fuzz
+ctest --test-dir build-asan --output-on-failure -R "^(reference_tests|case_tests|compare_tests|case_fuzz)$" -j 1
 t6=$(date +%s)
 echo "ci/test.sh timings: setup $((t1-t0))s, primary build $((t2-t1))s, primary tests $((t3-t2))s, floor build $((t4-t3))s, floor tests $((t5-t4))s, sanitizer leg $((t6-t5))s"

@@ -85,17 +85,20 @@ struct Field {
   std::function<std::string(const json&)> print_text = [](const json& j) { return j.get<std::string>(); };
 };
 
-json parse_int_text(const std::string& key, const std::string& v) {
-  const bool digits = !v.empty() && v.size() <= 19 &&
-                      v.find_first_not_of("0123456789", v[0] == '-' ? 1 : 0) == std::string::npos && v != "-";
+json parse_int_text(const std::string& key, const std::string& v, const std::string& range) {
+  const bool digits =
+      !v.empty() && v.find_first_not_of("0123456789", v[0] == '-' ? 1 : 0) == std::string::npos && v != "-";
   if (!digits) fail(key + "=\"" + sanitize(v) + "\" is not an integer");
-  return json(std::strtoll(v.c_str(), nullptr, 10));
+  errno = 0;
+  const long long n = std::strtoll(v.c_str(), nullptr, 10);
+  if (errno == ERANGE) fail(key + "=" + sanitize(v) + " is outside " + range);  // beyond 64 bits
+  return json(n);
 }
 json parse_double_text(const std::string& key, const std::string& v) {
-  errno = 0;
   char* end = nullptr;
+  // Overflow reads as inf; underflow (ERANGE with a subnormal or zero) is accepted, as the JSON form does.
   const double d = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
-  if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || !std::isfinite(d))
+  if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(d))
     fail(key + "=\"" + sanitize(v) + "\" is not a finite number");
   return json(d);
 }
@@ -107,15 +110,15 @@ Field int_field(std::string key, std::string help, int lo, int hi, std::function
   f.help = std::move(help);
   f.always = always;
   f.get = [ref](const Case& c) { return json(ref(const_cast<Case&>(c))); };
-  f.set = [key, lo, hi, ref](Case& c, const json& j) {
-    const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  f.set = [key, lo, hi, range, ref](Case& c, const json& j) {
     if (!j.is_number_integer()) fail(key + " must be an integer in " + range + ", got " + quoted(j));
     const bool in_range = j.is_number_unsigned() ? j.get<uint64_t>() <= static_cast<uint64_t>(hi)
                                                  : j.get<int64_t>() >= lo && j.get<int64_t>() <= hi;
     if (!in_range || j.get<int64_t>() < lo) fail(key + "=" + quoted(j) + " is outside " + range);
     ref(c) = static_cast<int>(j.get<int64_t>());
   };
-  f.parse_text = [key](const std::string& v) { return parse_int_text(key, v); };
+  f.parse_text = [key, range](const std::string& v) { return parse_int_text(key, v, range); };
   f.print_text = [](const json& j) { return j.dump(); };
   return f;
 }
@@ -135,7 +138,7 @@ Field double_field(std::string key, std::string help, double lo, double hi, bool
     const double v = j.get<double>();
     const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_closed ? v <= hi : v < hi);
     if (!ok) fail(key + "=" + quoted(j) + " is outside " + range);
-    ref(c) = v;
+    ref(c) = v + 0.0;  // -0 reads as 0: the line leaves a field at its default out, and a Case is its JSON
   };
   f.parse_text = [key](const std::string& v) { return parse_double_text(key, v); };
   f.print_text = [](const json& j) { return shortest(j.get<double>()); };
@@ -252,7 +255,7 @@ const std::vector<Field>& fields() {
           const std::string key = "drop." + std::string(to_string(s));
           if (!r.is_number() || !std::isfinite(r.get<double>()) || !(r.get<double>() >= 0.0 && r.get<double>() < 1.0))
             fail(key + "=" + quoted(r) + " is outside [0, 1)");
-          c.dropout[static_cast<size_t>(s)] = r.get<double>();
+          c.dropout[static_cast<size_t>(s)] = r.get<double>() + 0.0;  // -0 reads as 0
         }
       };
       f.parse_text = [](const std::string& v) {
@@ -597,10 +600,20 @@ Case case_from_json(const std::string& text) {
     if (depth > 8) fail("JSON nested deeper than 8 levels is not a case");
   }
   json j;
+  std::string field;  // the last top-level key read and whether its value was read whole: errors name it
+  bool field_done = false;
   try {
-    j = json::parse(text);
+    j = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (depth == 1 && event == json::parse_event_t::key)
+        field = parsed.get<std::string>(), field_done = false;
+      else if (depth == 1 && event != json::parse_event_t::object_start && event != json::parse_event_t::array_start)
+        field_done = true;
+      return true;
+    });
   } catch (const json::exception& e) {
-    fail("malformed JSON: " + sanitize(e.what(), 160));
+    const std::string where =
+        field.empty() ? "" : (field_done ? " after" : " in") + (" field \"" + sanitize(field) + "\"");
+    fail("malformed JSON" + where + ": " + sanitize(e.what(), 160));
   }
   return from_object(j);
 }

@@ -1,11 +1,18 @@
 // verifier/tests/test_case.cpp: the Case field table: line form, JSON round-trip, one-line rejection of
 // invalid input, the limits, and plans.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include "verifier/case/case.hpp"
 #include "verifier/case/plan.hpp"
@@ -131,7 +138,17 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"fx=bn batch=1 seq=1", true, "fx=bn needs batch x seq >= 4"}, Bad{"fx=lasers", true, "fx="},
         Bad{"fx=", true, "fx="}, Bad{"fx=counter,", true, "fx="},
         Bad{"fx=counter,counter", true, "names counter twice"}, Bad{"d=abc", true, "d=\"abc\" is not an integer"},
-        Bad{"d=99999999999999999999999", true, "is not an integer"},
+        Bad{"d=99999999999999999999999", true, "d=99999999999999999999999 is outside [1, 4096]"},
+        // Numeric overflow names the field and the value as written (19 digits used to read as 2^63-1).
+        Bad{"layers=9999999999999999999", true, "layers=9999999999999999999 is outside [1, 64]"},
+        Bad{"batch=-99999999999999999999", true, "batch=-99999999999999999999 is outside [1, 1024]"},
+        Bad{"{\"lr\": 1e400}", false, "malformed JSON in field \"lr\""},
+        Bad{"{\"drop\": [0, 0, -1e999, 0]}", false, "malformed JSON in field \"drop\""},
+        Bad{"{\"seq\": 1e30}", false, "seq must be an integer in [1, 4096], got 1e+30"},
+        Bad{"{\"steps\": -99999999999999999999}", false, "steps must be an integer in [1, 1000], got -1e+20"},
+        Bad{"{\"seed\": 18446744073709551616}", false,
+            "seed must be an integer in [0, 2^64), got 1.8446744073709552e+19"},
+        Bad{"{\"lr\": 1e300}", false, "lr=1e+300 is outside (0, 1e+06]"},
         Bad{"seed=18446744073709551616", true, "seed=\"18446744073709551616\" is not an integer in [0, 2^64)"},
         Bad{"impl=a\x01"
             "b",
@@ -176,6 +193,132 @@ TEST(Case, FilesMustBeSmallRegularFiles) {
     ok << to_json(unusual_case());
   }
   EXPECT_EQ(load_case_file((dir / "ok.json").string()), unusual_case());
+  std::filesystem::remove_all(dir);
+}
+
+// A fresh directory under the system temp directory (never the source tree), removed by the caller.
+std::filesystem::path temp_dir(const std::string& name) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ckv_case_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The message of the CaseError `f` throws ("" when it throws nothing); fails the test unless it is one
+// printable line of fewer than 400 characters.
+template <class F>
+std::string case_error(F f) {
+  try {
+    f();
+  } catch (const CaseError& e) {
+    const std::string msg = e.what();
+    EXPECT_LT(msg.size(), 400u) << "too long: " << msg.substr(0, 1000);
+    for (unsigned char ch : msg) EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << "byte " << int(ch) << " in: " << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "no CaseError";
+  return "";
+}
+
+TEST(Case, FifoIsRefusedWithoutBlocking) {
+  const auto dir = temp_dir("fifo");
+  const std::string fifo = (dir / "case.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  // Opening a FIFO without a writer blocks: the loader must stat the path and refuse it unopened.
+  auto result = std::async(std::launch::async, [fifo] { return case_error([&] { load_case_file(fifo); }); });
+  const bool prompt = result.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!prompt) {  // blocked in open(): open the write end so that it returns and the test can end
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  EXPECT_TRUE(prompt) << "load_case_file blocked on a FIFO";
+  EXPECT_NE(result.get().find("is not a regular file"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Case, DevicesAndLinksToThemAreRefused) {
+  ASSERT_TRUE(std::filesystem::exists("/dev/zero"));
+  EXPECT_NE(case_error([] { load_case_file("/dev/zero"); }).find("is not a regular file"), std::string::npos);
+  const auto dir = temp_dir("dev");
+  std::filesystem::create_symlink("/dev/zero", dir / "zero.json");
+  EXPECT_NE(case_error([&] { load_case_file((dir / "zero.json").string()); }).find("is not a regular file"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Case, TheSizeLimitIsOneMiBExactly) {
+  const auto dir = temp_dir("size");
+  const std::string json = to_json(unusual_case());
+  for (size_t size : {size_t{1} << 20, (size_t{1} << 20) + 1}) {
+    std::ofstream(dir / "case.json", std::ios::binary) << json << std::string(size - json.size(), ' ');
+    ASSERT_EQ(std::filesystem::file_size(dir / "case.json"), size);
+    if (size == size_t{1} << 20)
+      EXPECT_EQ(load_case_file((dir / "case.json").string()), unusual_case());
+    else
+      EXPECT_NE(case_error([&] { load_case_file((dir / "case.json").string()); }).find("larger than 1 MiB"),
+                std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Case, DeepNestingIsACaseErrorNotAStackOverflow) {
+  for (size_t n : {9, 1000, 500000}) {
+    std::string objects;
+    for (size_t i = 0; i < n; ++i) objects += "{\"a\":";
+    objects += "1" + std::string(n, '}');
+    const std::string arrays = std::string(n, '[') + "1" + std::string(n, ']');
+    for (const std::string& text : {arrays, objects, "{\"drop\": " + arrays + "}", std::string(n, '[')})
+      EXPECT_NE(case_error([&] { case_from_json(text); }).find("nested deeper than 8"), std::string::npos) << n;
+  }
+  const auto dir = temp_dir("nest");
+  std::ofstream(dir / "deep.json") << std::string(1 << 20, '[');
+  EXPECT_NE(case_error([&] { load_case_file((dir / "deep.json").string()); }).find("nested deeper than 8"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+  // Brackets inside strings (escaped quotes included) are not nesting.
+  EXPECT_EQ(case_from_json("{\"impl\": \"[[[[[[[[[[{{{{{{{{{{\"}").impl, "[[[[[[[[[[{{{{{{{{{{");
+  EXPECT_EQ(case_from_json("{\"impl\": \"a\\\"[[[[[[[[[[\"}").impl, "a\"[[[[[[[[[[");
+}
+
+// Found by case_fuzz: a Case the JSON form accepts replays from its line (subnormals, -0).
+TEST(Case, EdgeNumbersReplayFromTheLine) {
+  for (const char* j : {"{\"lr\": 4e-320}", "{\"drop\": 4e-320}", "{\"gp\": -0.0}", "{\"drop\": [-0.0, 0.1, 0, 0]}",
+                        "{\"lr\": 2.2250738585072014e-308}", "{\"gp\": 1e-400}"}) {
+    const Case c = case_from_json(j);
+    EXPECT_EQ(case_from_line(to_line(c)), c) << j << " -> " << to_line(c);
+    EXPECT_EQ(case_from_json(to_json(c)), c) << j;
+  }
+  EXPECT_EQ(case_from_json("{\"gp\": -0.0}"), Case{}) << "-0 reads as 0";
+  EXPECT_EQ(case_from_line("lr=1e-310").lr, 1e-310) << "a subnormal is a number";
+  EXPECT_NE(case_error([] { case_from_line("lr=1e-400"); }).find("lr=0.0 is outside (0, 1e+06]"), std::string::npos);
+}
+
+TEST(Case, MessagesAreOnePrintableLine) {
+  const std::string mega(1 << 20, 'x');
+  const std::string ctrl = "a\n\r\t\x1b[2J\x7f\x01\xff\xc3\xa9";  // controls, DEL, invalid and valid UTF-8
+  const std::vector<std::string> lines = {"impl=" + ctrl,
+                                          "plan=" + ctrl,
+                                          "plan=" + mega,
+                                          mega + "=1",
+                                          "layers=" + mega,
+                                          "fx=" + mega + ctrl,
+                                          "lr=" + mega,
+                                          "d=" + std::string(1 << 20, '9'),
+                                          ctrl};
+  for (const std::string& line : lines) case_error([&] { case_from_line(line); });
+  const std::vector<std::string> texts = {"{\"impl\": \"a\\u0000\\u001b\\n\"}",
+                                          "{\"" + mega + "\": 1}",
+                                          "{\"plan\": \"" + mega + "\"}",
+                                          "{\"device\": \"" + ctrl + "\"}",
+                                          "{\"impl\": \"\xff\xfe\"}",
+                                          "{\"impl\": \"" + mega + "\"}",
+                                          "{\"layers\": " + std::string(1 << 20, '9') + "}",
+                                          "{\"layers\": \"" + ctrl + "\"}",
+                                          ctrl + mega};
+  for (const std::string& text : texts) case_error([&] { case_from_json(text); });
+  const auto dir = temp_dir("msg");
+  case_error([&] { load_case_file((dir / ("bad\nname\x1b" + mega.substr(0, 200) + ".json")).string()); });
   std::filesystem::remove_all(dir);
 }
 
