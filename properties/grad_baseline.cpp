@@ -1,7 +1,8 @@
 // properties/grad_baseline.cpp: grad-baseline. The run under test and the non-checkpointed run of the
 // same Case agree at every step: each micro-batch's loss, whether each parameter received a gradient,
 // how often each parameter's gradient hook ran, every parameter gradient, each micro-batch's x.grad, and
-// the parameters after the optimizer step. Bitwise on CPU, fp32 and autocast alike, except where a
+// the parameters after the optimizer step. Losses bitwise on CPU, fp32 and autocast alike; gradients
+// within fp32 rounding of a different summation order (reorder_tolerance), and further where a
 // gradient's contributions arrive along several paths: a parameter read in several places, and every
 // gradient under a gradient penalty (tolerance.hpp says why). The baseline takes each step
 // from the parameters the run under test reached (run.hpp), so every step is judged on its own.
@@ -62,6 +63,7 @@ Finding judge(const Observations& o) {
         for (double v : b.grads.items[k].data) step_scale = std::max(step_scale, std::abs(v));
     for (const auto& d : b.dx)
       for (double v : d) step_scale = std::max(step_scale, std::abs(v));
+    const Tolerance reorder = reorder_tolerance(step_scale);
     auto failed = [&](const CompareResult& r) {
       return Finding::fail(kName, step, fmt::format("step {} {}", step, r.view.label), r.message());
     };
@@ -86,7 +88,8 @@ Finding judge(const Observations& o) {
       if (!b.grad_defined[k]) continue;
       const auto& g = t.grads.items[k];
       const auto& e = b.grads.items[k].data;
-      const Tolerance tol = uses[k] > 1 ? shared_gradient_tolerance(c.precision, uses[k], step_scale) : exact;
+      const Tolerance tol = uses[k] > 1 ? looser(shared_gradient_tolerance(c.precision, uses[k], step_scale), reorder)
+                                        : reorder;
       const auto r = compare_values({g.name + ".grad", g.shape, dims_of(g)}, g.data, e, tol);
       if (!r.ok()) return failed(r);
     }
@@ -98,7 +101,8 @@ Finding judge(const Observations& o) {
             kName, step, fmt::format("step {} {}", step, label),
             fmt::format("{} is {} with checkpointing but {} without", label, t.dx[m].empty() ? "undefined" : "defined",
                         b.dx[m].empty() ? "undefined" : "defined"));
-      const Tolerance tol = paths > 1 ? shared_gradient_tolerance(c.precision, paths, step_scale) : exact;
+      const Tolerance tol = paths > 1 ? looser(shared_gradient_tolerance(c.precision, paths, step_scale), reorder)
+                                      : reorder;
       const auto r =
           compare_values({label, {c.batch, c.seq, c.model.input_width()}, {"b", "t", "c"}}, t.dx[m], b.dx[m], tol);
       if (!r.ok()) return failed(r);
@@ -106,8 +110,13 @@ Finding judge(const Observations& o) {
     for (size_t k = 0; k < names.size(); ++k) {
       const auto& p = t.params_after.items[k];
       Tolerance tol = exact;
-      if (uses[k] > 1 && b.grad_defined[k])
-        tol = shared_update_tolerance(shared_gradient_tolerance(c.precision, uses[k], step_scale), c.lr);
+      // A parameter whose gradient was bitwise equal must be bitwise equal after the step; one whose
+      // gradient moved within its bound may move by what the optimizer makes of that.
+      if (b.grad_defined[k] && t.grads.items[k].data != b.grads.items[k].data) {
+        const Tolerance g = uses[k] > 1 ? looser(shared_gradient_tolerance(c.precision, uses[k], step_scale), reorder)
+                                        : reorder;
+        tol = c.opt == Optimizer::adam ? adam_update_tolerance(g, c.lr) : shared_update_tolerance(g, c.lr);
+      }
       const auto r = compare_values({p.name + " (after the step)", p.shape, dims_of(p)}, p.data,
                                     b.params_after.items[k].data, tol);
       if (!r.ok()) return failed(r);
@@ -120,8 +129,8 @@ Finding judge(const Observations& o) {
 Property grad_baseline_property() {
   return {kName,
           "loss, which parameters get gradients, hook calls, every gradient, x.grad and the parameters after each "
-          "step equal the non-checkpointed run: bitwise on CPU (fp32 and autocast), shared parameters within their "
-          "summation-order bound",
+          "step equal the non-checkpointed run: losses bitwise on CPU, gradients within fp32 rounding of another "
+          "summation order (shared parameters within their multi-path bound)",
           judge};
 }
 

@@ -43,6 +43,20 @@ Tolerance shared_gradient_tolerance(Precision p, int uses, double step_scale) {
                       p == Precision::fp32 ? "" : " and in fp32 instead of the autocast dtype")};
 }
 
+Tolerance reorder_tolerance(double step_scale) {
+  return {0.0, kSharedFactor * kReorderPaths * kFp32Eps * step_scale,
+          "a correct checkpoint may sum a gradient's contributions in another order (fp32 rounding of the step's "
+          "largest gradient)"};
+}
+
+Tolerance looser(const Tolerance& a, const Tolerance& b) {
+  return a.atol >= b.atol ? a : b;
+}
+
+Tolerance adam_update_tolerance(const Tolerance& gradient, double lr) {
+  return {2.0 * kFp32Eps, 2.0 * lr, "the Adam update of " + gradient.why};
+}
+
 Tolerance shared_update_tolerance(const Tolerance& gradient, double lr) {
   return {2.0 * kFp32Eps, lr * gradient.atol, "the SGD update of " + gradient.why};
 }

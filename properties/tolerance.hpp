@@ -54,8 +54,21 @@ Tolerance baseline_tolerance(Precision p);
 // A gradient whose contributions arrive along `uses` paths; `step_scale` is the largest |gradient| of
 // the step's baseline (every parameter and x.grad).
 Tolerance shared_gradient_tolerance(Precision p, int uses, double step_scale);
-// That parameter after an SGD step of rate lr, given the gradient tolerance.
+// Any gradient: a correct checkpoint may sum an activation's gradient contributions in another order
+// than the plain graph (a reentrant checkpoint runs a nested backward per segment, and its engine
+// visits the segment's nodes in its own order), so every gradient may move by fp32 rounding of the
+// step's largest gradient: kReorderPaths paths' worth (found gating torch.utils.checkpoint with
+// use_reentrant=True: one fp32 ulp on a bias gradient under frozen parameters). An autocast dtype
+// summed where the plain graph sums in fp32 moves far more (the leaf-input-recompute fault).
+inline constexpr int kReorderPaths = 4;
+Tolerance reorder_tolerance(double step_scale);
+// The larger atol of the two (same rtol 0).
+Tolerance looser(const Tolerance& a, const Tolerance& b);
+// That parameter after an optimizer step of rate lr, given the gradient tolerance: SGD moves it by lr
+// times the gradient's difference; Adam normalises the gradient, so a difference of rounding in a
+// gradient near zero can move its update by up to 2 lr (in either direction).
 Tolerance shared_update_tolerance(const Tolerance& gradient, double lr);
+Tolerance adam_update_tolerance(const Tolerance& gradient, double lr);
 
 // How far fp32 rounding moves one step, from the fp64 and fp32 evaluations of its tensors.
 struct StepConditioning {
