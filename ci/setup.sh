@@ -12,7 +12,7 @@ TORCH_VERSION="${CKVERIFY_TORCH_VERSION:-2.8.0}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 
-debs=(build-essential cmake ninja-build pkg-config python3-venv
+debs=(build-essential cmake ninja-build pkg-config python3-venv python3-dev
       librapidcheck-dev libeigen3-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libfmt-dev gnuplot-nox libtorch-dev)
 missing=()

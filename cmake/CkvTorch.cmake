@@ -51,5 +51,41 @@ else()
     INTERFACE_LINK_OPTIONS "LINKER:--no-as-needed;LINKER:-rpath,${_ckv_lib}"
     INTERFACE_LINK_LIBRARIES "${_ckv_lib}/libtorch.so;${_ckv_lib}/libtorch_cpu.so;${_ckv_lib}/libc10.so")
   set(CKVERIFY_TORCH_DESC "PyPI torch ${_ckv_version} (primary)")
+
+  # The Python bridge (verifier/impls/python_impl.cpp): embedded CPython (Debian's python3-dev, the same
+  # 3.11 as the virtual environment) plus the wheel's libtorch_python and pybind11.
+  option(CKVERIFY_PYTHON_BRIDGE "Build the py:MODULE:CALLABLE implementations (primary build)" ON)
+  if(CKVERIFY_PYTHON_BRIDGE)
+    execute_process(COMMAND "${CKVERIFY_PYTHON}" -c
+                            "import sys, sysconfig as s; sys.stdout.write(';'.join([s.get_paths()['purelib'], s.get_paths()['include'], s.get_config_var('LDVERSION'), s.get_config_var('LIBDIR') or '']))"
+                    OUTPUT_VARIABLE _ckv_py_out RESULT_VARIABLE _ckv_py_rc)
+    list(GET _ckv_py_out 0 CKVERIFY_PYTHON_SITE)
+    list(GET _ckv_py_out 1 _ckv_py_include)
+    list(GET _ckv_py_out 2 _ckv_py_ldversion)
+    list(GET _ckv_py_out 3 _ckv_py_libdir)
+    # The venv's own interpreter library when it has one (a shared-library build), with its headers;
+    # otherwise the system's (Debian's python3-dev), with the system's headers: same minor version.
+    find_library(_ckv_libpython NAMES python${_ckv_py_ldversion} PATHS "${_ckv_py_libdir}" NO_DEFAULT_PATH)
+    if(NOT _ckv_libpython)
+      find_library(_ckv_libpython NAMES python${_ckv_py_ldversion} PATHS /usr/lib/x86_64-linux-gnu /usr/lib)
+      set(_ckv_py_include "/usr/include/python${_ckv_py_ldversion}")
+    endif()
+    if(NOT _ckv_py_rc EQUAL 0 OR NOT EXISTS "${_ckv_py_include}/Python.h" OR NOT _ckv_libpython
+       OR NOT EXISTS "${_ckv_lib}/libtorch_python.so")
+      message(FATAL_ERROR "ckverify: the Python bridge needs Python.h and libpython${_ckv_py_ldversion} "
+                          "(apt-get install python3-dev) and the wheel's libtorch_python.so; or pass "
+                          "-DCKVERIFY_PYTHON_BRIDGE=OFF")
+    endif()
+    add_library(ckv::torch_python INTERFACE IMPORTED)
+    set_target_properties(ckv::torch_python PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${_ckv_py_include}"
+      INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${_ckv_py_include}"
+      INTERFACE_COMPILE_DEFINITIONS "CKV_PYTHON_SITE=\"${CKVERIFY_PYTHON_SITE}\""
+      INTERFACE_LINK_LIBRARIES "${_ckv_lib}/libtorch_python.so;${_ckv_libpython}")
+    message(STATUS "ckverify: Python bridge on (${_ckv_libpython}, modules from ${CKVERIFY_PYTHON_SITE})")
+  endif()
 endif()
+string(REGEX MATCH "([0-9]+)\\.([0-9]+)" _ckv_mm "${CKVERIFY_TORCH_DESC}")
+set(CKV_TORCH_MAJOR ${CMAKE_MATCH_1})
+set(CKV_TORCH_MINOR ${CMAKE_MATCH_2})
 message(STATUS "ckverify: LibTorch = ${CKVERIFY_TORCH_DESC}")

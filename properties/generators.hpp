@@ -23,6 +23,9 @@ struct CaseGenOptions {
   std::string device = "cpu";
   bool allow_autocast = true;  // bf16 (and fp16 where the build has it) for some cases
   bool force_dropout = false;  // every site's rate >= 0.1
+  // Case fields every generated Case takes as given, in line form ("fx=none prec=fp32"): the search
+  // explores the rest (`check --only`). A combination the fields cannot take throws CaseError.
+  std::string only;
 };
 
 // Like gen::element, but shrinks towards earlier elements (gen::element does not shrink at all): the
@@ -84,7 +87,7 @@ inline rc::Gen<Precision> gen_precision(const CaseGenOptions& o) {
   return pick(Precision::fp32, Precision::fp32, Precision::bf16);
 }
 
-inline rc::Gen<Case> gen_case(const CaseGenOptions& o) {
+inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
   using namespace rc;
   const auto rates = gen::container<std::array<double, kNumDropoutSites>>(gen_rate(o.force_dropout));
   const auto plan = o.plan ? gen::just(*o.plan) : gen_plan();
@@ -131,6 +134,18 @@ inline rc::Gen<Case> gen_case(const CaseGenOptions& o) {
         if (!c.plan.invalid_for(L).empty()) c.plan = Plan{};
         return c;
       });
+}
+
+inline rc::Gen<Case> gen_case(const CaseGenOptions& o) {
+  if (o.only.empty()) return gen_case_free(o);
+  return rc::gen::map(gen_case_free(o), [only = o.only](const Case& c) {
+    try {
+      return case_from_line(to_line(c) + " " + only);
+    } catch (const CaseError& e) {
+      throw CaseError("--only " + sanitize(only, 100) + " cannot apply to the generated case " + to_line(c) + ": " +
+                      e.what());
+    }
+  });
 }
 
 // A counterexample reads as the Case line.

@@ -32,6 +32,7 @@ struct Failure {
 struct Report {
   std::string command;  // "check" or "repro"
   std::string impl, plan, device, torch;
+  std::string only;  // check --only: the Case fields every case took as given
   uint64_t seed = 0;
   int cases_requested = 0, cases_run = 0;
   double time_budget_s = 0.0, elapsed_s = 0.0;
@@ -41,11 +42,22 @@ struct Report {
   std::string shrink_note;  // how shrinking ended ("shrunk in 12 steps", "stopped at the time budget")
   std::string error;        // an internal problem that is neither a pass nor a property failure
   int exit_code = 0;
+  int shard_index = 0, shard_count = 1;  // check --shard K/N: index K-1 of N
+  // check: every case run, as (index, one letter per property in `properties` order: H held, N not
+  // applicable, F failed, - not reported); what `merge` rebuilds the unsharded verdict from.
+  std::vector<std::pair<int, std::string>> outcomes;
 };
 
 std::string to_console(const Report& r);  // what ckverify prints on stdout
 std::string to_json(const Report& r);
 std::string to_junit_xml(const Report& r);  // one <testsuite>, one <testcase> per property
 std::string to_markdown(const Report& r);
+
+// Reads a report that to_json wrote; throws std::invalid_argument with one line naming what is wrong.
+Report from_json(const std::string& text);
+// `ckverify merge`: the reports of the N shards of one check run (same implementation, plan, device,
+// seed, case count and LibTorch; shards 1..N each exactly once) as the report of the unsharded run: the
+// first failure in case order, with the counts of the cases up to it. Throws std::invalid_argument.
+Report merge(const std::vector<Report>& shards);
 
 }  // namespace ckv::report

@@ -28,7 +28,7 @@ rc::Gen<Case> gen_wide() {
       gen::tuple(gen::inRange(1, 25), gen::element(1, 2, 4), gen::element(1, 2, 4, 8, 16), gen::inRange(1, 17),
                  gen::inRange(1, 33), gen::element(0.0, 0.5, 0.9, 0.99), gen::element(1e-8, 0.05, 1.0, 100.0),
                  gen::inRange(1, 4), gen::inRange(1, 13), gen::inRange<uint64_t>(0, uint64_t{1} << 53),
-                 gen_case(CaseGenOptions{{}, "builtin", "cpu", false})),
+                 gen_case(CaseGenOptions{{}, "builtin", "cpu", false, false, ""})),
       [](const auto& t) {
         Case c = std::get<10>(t);
         c.model.layers = std::get<0>(t);
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "calibrate_tolerance: mode must be envelope|wide\n");
     return 2;
   }
-  const auto gen = mode == "wide" ? gen_wide() : gen_case(CaseGenOptions{{}, "builtin", "cpu", false});
+  const auto gen = mode == "wide" ? gen_wide() : gen_case(CaseGenOptions{{}, "builtin", "cpu", false, false, ""});
   auto impl = make_builtin();
   std::vector<double> use;
   int unchecked = 0, tensors = 0, not_applicable = 0;

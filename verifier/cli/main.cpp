@@ -22,6 +22,8 @@
 #include "reports/report.hpp"
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/search.hpp"
+#include "verifier/cli/workers.hpp"
+#include "verifier/impls/loader.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/amp_audit.hpp"
 #include "verifier/cli/bench_report.hpp"
@@ -98,9 +100,54 @@ void check_device(const std::string& device, bool fp16) {
   check_environment(probe);
 }
 
+// Worker processes, the per-case timeout and the shard of `check` and `faults`.
+struct GateOptions {
+  int jobs = 1;
+  double case_timeout_s = 120;
+  int shard_index = 0, shard_count = 1;
+  void apply(SearchOptions& o) const {
+    o.jobs = jobs;
+    // One intra-op thread per worker, whatever N: the gate's tensors are tiny (one thread runs a case as
+    // fast as two), N workers on N cores do not oversubscribe the machine, and what a case measures
+    // (memory-saved's allocations) does not depend on N.
+    o.threads = 1;
+    o.case_timeout_s = case_timeout_s;
+    o.shard_index = shard_index, o.shard_count = shard_count;
+  }
+};
+
+GateOptions gate_options(int jobs, double case_timeout, const std::string& shard) {
+  GateOptions g;
+  if (jobs < 1 || jobs > 256) throw UsageError("-j/--jobs must be in [1, 256]");
+  if (!(case_timeout > 0) || !std::isfinite(case_timeout) || case_timeout > 86400)
+    throw UsageError("--case-timeout must be a number of seconds in (0, 86400]");
+  g.jobs = jobs, g.case_timeout_s = case_timeout;
+  if (!shard.empty()) {
+    int k = 0, n = 0;
+    char tail = 0;
+    if (std::sscanf(shard.c_str(), "%d/%d%c", &k, &n, &tail) != 2 || n < 1 || n > 10000 || k < 1 || k > n ||
+        shard.find_first_not_of("0123456789/") != std::string::npos)
+      throw UsageError("--shard \"" + sanitize(shard) + "\" is not K/N with 1 <= K <= N <= 10000");
+    g.shard_index = k - 1, g.shard_count = n;
+  }
+  return g;
+}
+
 int cmd_check(const std::string& impl_name, const std::string& plan_text, int cases, uint64_t seed, double budget,
-              const Outputs& out, const std::string& repro_path, const std::string& device) {
+              const Outputs& out, const std::string& repro_path, const std::string& device, const GateOptions& g,
+              const std::vector<std::string>& only) {
   SearchOptions o;
+  for (const auto& w : only) {
+    const std::string key = w.substr(0, w.find('='));
+    if (key == "impl" || key == "device" || key == "plan")
+      throw UsageError("--only " + sanitize(w) + ": use --" + key + " for " + key);
+    try {
+      case_from_line(w);
+    } catch (const CaseError& e) {
+      throw UsageError("--only: " + std::string(e.what()));
+    }
+    o.gen.only += (o.gen.only.empty() ? "" : " ") + w;
+  }
   o.gen.impl = impl_name;
   o.gen.device = device;
   if (!plan_text.empty()) {
@@ -109,8 +156,8 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
     if (!Plan::parse(plan_text, p, err)) throw UsageError("--plan: " + sanitize(err, 160));
     o.gen.plan = p;
   }
-  if (!find_impl(impl_name)) make_impl(impl_name);  // unknown names fail here, as usage errors
-  if (const std::string why = unobservable_here(*find_impl(impl_name), device); !why.empty())
+  check_impl_spec(impl_name);  // unknown names fail here, as usage errors
+  if (const std::string why = unobservable_here(impl_info(impl_name), device); !why.empty())
     throw EnvironmentError(why);
   std::vector<std::pair<std::string, std::string>> paths = out.paths();
   paths.emplace_back("--repro-file", repro_path);
@@ -122,15 +169,20 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
   o.seed = seed;
   o.budget_s = budget;
   o.progress = true;
+  g.apply(o);
+  if (g.shard_index >= cases) throw UsageError("--shard: shard " + std::to_string(g.shard_index + 1) + " of --cases " + std::to_string(cases) + " has no case");
 
   std::cout << "ckverify check: impl=" << impl_name << " plan=" << (plan_text.empty() ? "any" : plan_text)
-            << " cases=" << cases << " seed=" << seed << " device=" << device << std::endl;
+            << (o.gen.only.empty() ? "" : " only=\"" + o.gen.only + "\"") << " cases=" << cases << " seed=" << seed << " device=" << device
+            << (g.shard_count > 1 ? fmt::format(" shard={}/{}", g.shard_index + 1, g.shard_count) : "")
+            << " workers=" << g.jobs << std::endl;
   const SearchResult s = search(o);
 
   report::Report r;
   r.command = "check";
   r.impl = impl_name;
   r.plan = plan_text.empty() ? "any" : plan_text;
+  r.only = o.gen.only;
   r.device = device;
   r.seed = seed;
   r.cases_requested = cases;
@@ -138,6 +190,8 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
   r.time_budget_s = budget;
   r.time_budget_hit = s.budget_hit;
   r.elapsed_s = s.elapsed_s;
+  r.shard_index = g.shard_index, r.shard_count = g.shard_count;
+  r.outcomes = s.outcomes;
   for (const auto& name : property_names()) {
     report::PropertyResult p;
     p.name = name;
@@ -186,16 +240,18 @@ Case load_case_argument(const std::string& path) {
   }
 }
 
-int cmd_repro(const std::string& path, const Outputs& out) {
+int cmd_repro(const std::string& path, const Outputs& out, double case_timeout) {
   check_outputs(out.paths(), {{"the case file", path}});
   Case c = load_case_argument(path);
-  if (!find_impl(c.impl)) make_impl(c.impl);
-  if (const std::string why = unobservable_here(*find_impl(c.impl), c.device); !why.empty())
+  check_impl_spec(c.impl);
+  if (const std::string why = unobservable_here(impl_info(c.impl), c.device); !why.empty())
     throw EnvironmentError(why);
   check_environment(c);
   std::cout << "ckverify repro: " << to_line(c) << std::endl;
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<Finding> fs = run_checks(c);
+  // The implementation runs in a worker process, as in `check`: a crash or a hang is a finding here too.
+  WorkerPool pool(WorkerOptions{1, 1, case_timeout, c.impl});
+  const std::vector<Finding> fs = *pool.run({c}, Clock::time_point::max()).front();
   report::Report r;
   r.command = "repro";
   r.impl = c.impl;
@@ -226,13 +282,17 @@ int cmd_repro(const std::string& path, const Outputs& out) {
 
 // The proof of power (DESIGN.md, "Faults"): every fault run through the same search as `check`, pinned
 // to the property that must kill it, with how many generated cases it took and the shrunk case.
-int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_path, const std::string& device) {
+int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_path, const std::string& device,
+               const GateOptions& g, const std::string& plugin) {
+  if (!plugin.empty() && spec_kind(plugin) != SpecKind::plugin)
+    throw UsageError("--plugin " + sanitize(plugin, 200) + ": give the path of the faults plugin (a .so)");
+  if (!plugin.empty()) check_impl_spec(plugin);
   check_outputs({{"--json", json_path}});
   if (cases < 1) throw UsageError("--cases must be >= 1");
   if (!(budget > 0) || !std::isfinite(budget)) throw UsageError("--time-budget must be a finite number > 0");
   check_device(device, false);
   std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device
-            << "\n\n";
+            << (plugin.empty() ? "" : " via the plugin " + sanitize(plugin, 200)) << "\n\n";
   std::printf("%-24s %-16s %8s  %s\n", "fault", "killed by", "cases", "shrunk case");
   json rows = json::array();
   int survivors = 0;
@@ -244,9 +304,15 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
       rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", why}});
       continue;
     }
+    if (!plugin.empty() && info.state_fault != StateFault::none) {  // not a checkpoint: the state saver is broken
+      std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", "a resume fault lives in ckverify's state saver, not in a plugin");
+      rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", "resume faults are not plugins"}});
+      continue;
+    }
     SearchOptions o;
-    o.gen.impl = info.name;
+    o.gen.impl = plugin.empty() ? info.name : plugin + ":fault=" + info.name;
     o.gen.device = device;
+    g.apply(o);
     o.cases = cases;
     o.seed = seed;
     o.budget_s = budget;
@@ -284,6 +350,32 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
   return survivors ? kExitFailed : kExitOk;
 }
 
+// `ckverify merge`: the shards' reports in, the unsharded verdict out (console, and the files asked for).
+int cmd_merge(const std::vector<std::string>& inputs, const Outputs& out) {
+  std::vector<std::pair<std::string, std::string>> named;
+  for (const auto& in : inputs) named.emplace_back("a report to merge", in);
+  check_outputs(out.paths(), named);
+  std::vector<report::Report> shards;
+  for (const auto& in : inputs) {
+    try {
+      shards.push_back(report::from_json(read_regular_file(in, 256 << 20)));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(sanitize(in, 200) + ": " + e.what());
+    }
+  }
+  report::Report r;
+  try {
+    r = report::merge(shards);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("merge: ") + e.what());
+  }
+  r.command = "check";
+  std::cout << "ckverify merge: " << shards.size() << " shard(s) of impl=" << r.impl << " plan=" << r.plan
+            << " cases=" << r.cases_requested << " seed=" << r.seed << "\n";
+  if (r.failure) std::cout << "\n";
+  return emit(r, out);
+}
+
 int cmd_list() {
   std::cout << "Properties (report order; a failure names the first):\n";
   for (const auto& p : properties()) std::cout << "  " << p.name << "\n      " << p.holds_when << "\n";
@@ -314,7 +406,7 @@ int cmd_case(const std::vector<std::string>& words) {
 // different processes can be compared (the cross-process resume test does).
 int cmd_train(const std::string& path, int until, const std::string& save, const std::string& resume) {
   Case c = load_case_argument(path);
-  if (!find_impl(c.impl)) make_impl(c.impl);
+  check_impl_spec(c.impl);
   check_outputs({{"--save", save}}, {{"the case file", path}, {"--resume", resume}});
   const std::unique_ptr<CheckpointImpl> impl = make_impl(c.impl);
   TrainingRun run(c, impl.get());
@@ -383,7 +475,7 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
     for (int i = 0; i < cases; ++i) todo.push_back(generate(g, seed, i).value());
   }
   const std::string impl = todo.front().impl;
-  if (!find_impl(impl)) make_impl(impl);
+  check_impl_spec(impl);
   // Worst over the cases, per (precision, checkpointed, group).
   std::map<std::tuple<std::string, bool, int, std::string>, AmpRow> worst;
   std::vector<std::string> exceeded, skipped, failed;
@@ -540,7 +632,7 @@ int cmd_bench(BenchArgs a) {
   }
   c.device = a.device;
   c.impl = a.impl;
-  if (!find_impl(a.impl)) make_impl(a.impl);
+  check_impl_spec(a.impl);
   validate(c);
   std::vector<Plan> plans;
   if (!a.plans.empty()) {
@@ -676,12 +768,32 @@ int main(int argc, char** argv) {
   check->add_option("--markdown", outs.markdown, "Write the report as Markdown to this file");
   check->add_option("--repro-file", repro_path, "Where the shrunk failing Case is written")->capture_default_str();
   check->add_option("--device", device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int jobs = cores;
+  double case_timeout = 120;
+  std::string shard;
+  std::vector<std::string> only;
+  check->add_option("--only", only,
+                    "KEY=VALUE: every generated case takes this Case field as given (repeatable; e.g. --only fx=none "
+                    "to gate an implementation that does not follow the recompute contract of segment_scope.hpp)");
+  check->add_option("-j,--jobs", jobs,
+                    "Worker processes running the implementation (the verdict is the same for any number); "
+                    "default: the machine's cores")
+      ->capture_default_str();
+  check->add_option("--case-timeout", case_timeout,
+                    "Seconds one case may take in a worker before it counts as a hang (a completes failure)")
+      ->capture_default_str();
+  check->add_option("--shard", shard,
+                    "K/N: run only the cases i with i % N == K-1 (N machines, disjoint cases); `ckverify merge` "
+                    "combines their --json reports");
 
   auto* repro = app.add_subcommand("repro", "Replay one Case file deterministically and print the diagnosis.");
   repro->add_option("case", case_path, "Case JSON file (as written by `check`)")->required();
   repro->add_option("--json", outs.json, "Write the report as JSON to this file");
   repro->add_option("--junit", outs.junit, "Write the report as JUnit XML to this file");
   repro->add_option("--markdown", outs.markdown, "Write the report as Markdown to this file");
+  repro->add_option("--case-timeout", case_timeout, "Seconds the case may take before it counts as a hang")
+      ->capture_default_str();
 
   auto* faults = app.add_subcommand(
       "faults", "Run the gate against every fault: the property that kills each, after how many cases, shrunk.");
@@ -693,6 +805,29 @@ int main(int argc, char** argv) {
   faults->add_option("--time-budget", fault_budget, "Per fault: stop after this many seconds")->capture_default_str();
   faults->add_option("--json", json_path, "Write the table as JSON to this file");
   faults->add_option("--device", device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
+  faults->add_option("-j,--jobs", jobs, "Worker processes (default: the machine's cores)")->capture_default_str();
+  faults->add_option("--case-timeout", case_timeout, "Seconds one case may take before it counts as a hang")
+      ->capture_default_str();
+  std::string fault_plugin;
+  faults->add_option("--plugin", fault_plugin,
+                     "Load every fault from this faults plugin (libckverify_faults.so, fault=NAME) instead of "
+                     "the built-in table: proves the plugin loader path");
+
+  auto* merge = app.add_subcommand(
+      "merge", "Combine the --json reports of the shards of one `check` run (--shard K/N) into one verdict.");
+  std::vector<std::string> merge_inputs;
+  merge->add_option("reports", merge_inputs, "The shards' JSON reports")->required();
+  merge->add_option("--json", outs.json, "Write the merged report as JSON to this file");
+  merge->add_option("--junit", outs.junit, "Write the merged report as JUnit XML to this file");
+  merge->add_option("--markdown", outs.markdown, "Write the merged report as Markdown to this file");
+
+  // The worker process (workers.hpp), started by check, repro and faults; not for direct use.
+  auto* worker = app.add_subcommand("worker", "");
+  worker->group("");
+  std::string worker_impl = "builtin";
+  int worker_threads = 1;
+  worker->add_option("--impl", worker_impl);
+  worker->add_option("--threads", worker_threads);
 
   auto* list = app.add_subcommand(
       "list", "List the properties, the implementations (builtin and the faults) and the Case fields.");
@@ -774,9 +909,15 @@ int main(int argc, char** argv) {
     } catch (const CaseError&) {
       throw UsageError("--seed \"" + sanitize(seed_text) + "\" is not an integer in [0, 2^64)");
     }
-    if (*check) return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device);
-    if (*repro) return cmd_repro(case_path, outs);
-    if (*faults) return cmd_faults(fault_cases, seed, fault_budget, json_path, device);
+    if (*worker) return worker_main(worker_impl, worker_threads);
+    if (*check)
+      return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device, gate_options(jobs, case_timeout, shard),
+                       only);
+    if (*repro) return cmd_repro(case_path, outs, gate_options(1, case_timeout, "").case_timeout_s);
+    if (*faults)
+      return cmd_faults(fault_cases, seed, fault_budget, json_path, device, gate_options(jobs, case_timeout, ""),
+                        fault_plugin);
+    if (*merge) return cmd_merge(merge_inputs, outs);
     if (*list) return cmd_list();
     if (*case_cmd) return cmd_case(case_words);
     if (*audit)

@@ -43,6 +43,34 @@ void check_outputs(const std::vector<std::pair<std::string, std::string>>& outpu
   }
 }
 
+std::string read_regular_file(const std::string& path, size_t max_bytes) {
+  const std::string shown = sanitize(path, 200);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw UsageError("cannot read " + shown + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw UsageError(shown + " is not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    throw UsageError(shown + " is larger than " + std::to_string(max_bytes >> 20) + " MiB");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw UsageError("cannot read " + shown + ": " + std::strerror(errno));
+  struct stat again {};
+  if (::fstat(fd, &again) != 0 || !S_ISREG(again.st_mode)) {  // replaced between the two looks
+    ::close(fd);
+    throw UsageError(shown + " is not a regular file");
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > max_bytes) break;
+  }
+  ::close(fd);
+  if (text.size() > max_bytes) throw UsageError(shown + " is larger than " + std::to_string(max_bytes >> 20) + " MiB");
+  return text;
+}
+
 void write_atomically(const std::string& path, const std::string& text) {
   const fs::path target(path);
   const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();

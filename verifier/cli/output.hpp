@@ -21,6 +21,9 @@ struct UsageError : std::runtime_error {
 // or a symbolic link says.
 void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
                    const std::vector<std::pair<std::string, std::string>>& inputs = {});
+// The whole of a regular file of at most max_bytes (never a device, FIFO or directory; it is not opened
+// before it is known to be one). Throws UsageError naming the path.
+std::string read_regular_file(const std::string& path, size_t max_bytes);
 // Throws UsageError when the file cannot be written (nothing is left behind).
 void write_atomically(const std::string& path, const std::string& text);
 

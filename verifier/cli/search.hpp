@@ -4,6 +4,10 @@
 // property (or the pinned one), and the case is shrunk greedily through RapidCheck's shrink tree,
 // accepting only smaller Cases that fail the same property, so the shrunk Case reproduces the original
 // diagnosis. The time budget bounds the whole search, shrinking included.
+// With jobs > 0 every Case runs in worker processes (workers.hpp), a batch at a time; results are taken
+// in case order and shrink candidates in their order, so the verdict, the counts and the shrunk Case are
+// the same for any number of workers. A shard (index k of n) runs the cases i with i % n == k, and keeps
+// each case's outcome so that `ckverify merge` can rebuild the unsharded verdict.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,10 @@ struct SearchOptions {
   std::string pinned;  // only this property's failure counts (faults); empty: any property
   bool progress = false;
   int max_shrink_runs = 2000;
+  int jobs = 0;  // worker processes; 0 runs the implementation in this process (tests)
+  int threads = 1;  // LibTorch intra-op threads per worker
+  double case_timeout_s = 120.0;
+  int shard_index = 0, shard_count = 1;
 };
 
 struct SearchResult {
@@ -39,7 +47,13 @@ struct SearchResult {
   std::vector<Finding> findings;  // of the shrunk Case
   int shrink_steps = 0, shrink_runs = 0;
   bool shrink_cut_short = false;
+  // Per case run (index, one letter per property in property_names() order: H held, N not applicable,
+  // F failed, - not reported), for merging shards.
+  std::vector<std::pair<int, std::string>> outcomes;
 };
+
+// The outcome letters of one Case's findings (see SearchResult::outcomes).
+std::string outcome_code(const std::vector<Finding>& fs);
 
 SearchResult search(const SearchOptions& o);
 

@@ -3,43 +3,25 @@
 
 #include <torch/version.h>
 
+#include <sys/stat.h>
+
 #include <stdexcept>
 
 #include "verifier/case/case.hpp"
 #include "verifier/checkpoint/compat.hpp"
 #include "verifier/impls/faults/faults.hpp"
+#include "verifier/impls/loader.hpp"
+#include "verifier/run/run.hpp"
 
 namespace ckv {
 
 const std::vector<ImplEntry>& known_impls() {
-  static const std::vector<ImplEntry> v = {
-      {{"builtin", "ckverify's own checkpoint (verifier/checkpoint/checkpoint.hpp)", "", ""},
-       [] { return make_builtin(); }},
-      faults::no_preserve_rng(),
-      faults::cpu_rng_only(),
-      faults::per_segment_state(),
-      faults::replays_effects(),
-      faults::rng_left_advanced(),
-      faults::keep_activations(),
-      faults::no_autocast_replay(),
-      faults::default_dtype_replay(),
-      faults::recompute_twice(),
-      faults::single_recompute(),
-      faults::no_version_check(),
-      faults::no_restore_on_throw(),
-      faults::inputs_only_grad(),
-      faults::frozen_input_shortcut(),
-      faults::trains_frozen(),
-      faults::first_output_only(),
-      faults::resume_no_rng(),
-      faults::resume_rng_before(),
-      faults::resume_no_optimizer(),
-      faults::resume_no_running_stats(),
-      faults::resume_no_accumulation(),
-      faults::reentrant_hooks(),
-      faults::nograd_forward_cache(),
-      faults::leaf_input_recompute(),
-  };
+  static const std::vector<ImplEntry> v = [] {
+    std::vector<ImplEntry> all = {{{"builtin", "ckverify's own checkpoint (verifier/checkpoint/checkpoint.hpp)", "", ""},
+                                   [] { return make_builtin(); }}};
+    for (const auto& f : faults::catalogue()) all.push_back(f);
+    return all;
+  }();
   return v;
 }
 
@@ -60,13 +42,46 @@ const ImplInfo* find_impl(const std::string& name) {
   return nullptr;
 }
 
+ImplInfo impl_info(const std::string& spec) {
+  if (const ImplInfo* i = find_impl(spec)) return *i;
+  ImplInfo i;
+  i.name = spec;
+  i.what = spec_kind(spec) == SpecKind::python ? "a Python checkpoint function" : "a C++ plugin";
+  return i;
+}
+
+void check_impl_spec(const std::string& spec) {
+  switch (spec_kind(spec)) {
+    case SpecKind::name:
+      if (!find_impl(spec)) make_impl(spec);  // throws, listing the known names
+      return;
+    case SpecKind::plugin: {
+      const std::string path = parse_spec(spec).target;
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("--impl: plugin " + sanitize(path, 200) + ": no such file");
+      if (!S_ISREG(st.st_mode)) throw std::invalid_argument("--impl: plugin " + sanitize(path, 200) + ": not a regular file");
+      return;
+    }
+    case SpecKind::python:
+      parse_spec(spec);
+      if (!python_bridge_available())
+        throw EnvironmentError("--impl " + sanitize(spec, 200) +
+                                    ": this build has no Python bridge (only the primary build, on the torch wheel, has one)");
+      return;
+  }
+}
+
 std::unique_ptr<CheckpointImpl> make_impl(const std::string& name) {
+  if (spec_kind(name) == SpecKind::plugin) return load_plugin(name);
+  if (spec_kind(name) == SpecKind::python) return load_python(name);
   std::string names;
   for (const auto& e : known_impls()) {
     if (e.info.name == name) return e.make();
+    if (!e.info.killed_by.empty() && names.size() > 60) continue;
     names += (names.empty() ? "" : "|") + e.info.name;
   }
-  throw std::invalid_argument("unknown implementation \"" + sanitize(name) + "\" (known: " + names + ")");
+  throw std::invalid_argument("unknown implementation \"" + sanitize(name) + "\" (known: " + names +
+                              "|...; see `ckverify list`; or a plugin PATH.so[:k=v,...], or py:MODULE:CALLABLE[:k=v,...])");
 }
 
 }  // namespace ckv

@@ -36,7 +36,12 @@ struct ImplEntry {
 
 const std::vector<ImplEntry>& known_impls();
 const ImplInfo* find_impl(const std::string& name);
-// Throws std::invalid_argument with a one-line message listing the known names.
+// The entry of a builtin name; for a plugin or Python spec (loader.hpp) a plain entry (no fault).
+ImplInfo impl_info(const std::string& spec);
+// Cheap checks of --impl before any work (a known name; a plugin file that exists; a Python spec that
+// parses, on a build with the bridge); the real load happens in the workers. Throws std::invalid_argument.
+void check_impl_spec(const std::string& spec);
+// A builtin name, a plugin spec or a Python spec (loader.hpp). Throws std::invalid_argument with one line.
 std::unique_ptr<CheckpointImpl> make_impl(const std::string& name);
 
 // ckverify's builtin checkpoint behind the interface.

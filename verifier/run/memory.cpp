@@ -1,6 +1,8 @@
 // verifier/run/memory.cpp: see memory.hpp.
 #include "verifier/run/memory.hpp"
 
+#include <torch/csrc/profiler/orchestration/observer.h>
+
 #include <c10/core/Allocator.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Logging.h>
@@ -54,8 +56,17 @@ Ledger& ledger() {
   return *l;
 }
 
-class Reporter : public c10::MemoryReportingInfoBase {
+// LibTorch reads the PROFILER_STATE slot two ways: the allocators dynamic_cast it to
+// MemoryReportingInfoBase (our hook), and profiler checks (profilerEnabled(), getProfilerConfig(), e.g.
+// in every Python autograd.Function call) static_cast it to ProfilerStateBase. So the hook is a
+// ProfilerStateBase whose profiler is disabled: the profiler checks read "off", the allocators report.
+class Reporter : public torch::profiler::impl::ProfilerStateBase {
  public:
+  Reporter()
+      : ProfilerStateBase(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)) {}
+  torch::profiler::impl::ActiveProfilerType profilerType() override {
+    return torch::profiler::impl::ActiveProfilerType::NONE;
+  }
   void reportMemoryUsage(void* ptr, int64_t alloc_size, compat::MemoryTotal, compat::MemoryTotal,
                          c10::Device device) override {
     ledger().report(ptr, alloc_size, device);

@@ -7,6 +7,9 @@
 
 namespace ckv::faults {
 
+// Every fault below, in `ckverify list` order (catalogue.cpp; also built into the faults plugin).
+const std::vector<ImplEntry>& catalogue();
+
 // On ckverify's recompute frame (verifier/checkpoint/frame.hpp), one step broken:
 ImplEntry no_preserve_rng();       // preserve_rng=false
 ImplEntry cpu_rng_only();          // CUDA generators not replayed

@@ -1,0 +1,47 @@
+// plugins/misbehave_plugin.cpp: an implementation that breaks the process it runs in, for the isolation
+// tests: on its `at`-th segment call (default 1) it segfaults (mode=segv), aborts (abort), hangs
+// (hang), throws something that is not a std::exception (throw), or exits the process (exit); before
+// that it checkpoints nothing (runs the segment plainly, which is a correct, memory-hungry
+// "implementation").
+#include <csignal>
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
+
+#include "verifier/impls/plugin.hpp"
+
+namespace {
+class Misbehave : public ckv::CheckpointImpl {
+ public:
+  Misbehave(std::string mode, int at) : mode_(std::move(mode)), at_(at) {}
+  std::vector<torch::Tensor> run(const ckv::SegmentCall& call) override {
+    if (++calls_ == at_) {
+      if (mode_ == "segv") std::raise(SIGSEGV);
+      if (mode_ == "abort") std::abort();
+      if (mode_ == "hang")
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (mode_ == "throw") throw 42;
+      if (mode_ == "exit") std::exit(0);
+    }
+    return call.fn(call.args);
+  }
+
+ private:
+  std::string mode_;
+  int at_;
+  int calls_ = 0;
+};
+
+ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
+  std::string mode = "segv";
+  int at = 1;
+  for (const auto& [k, v] : o) {
+    if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit")) mode = v;
+    else if (k == "at") at = std::stoi(v);
+    else throw std::invalid_argument("unknown option " + k + "=" + v + " (mode=segv|abort|hang|throw|exit, at=N)");
+  }
+  return new Misbehave(mode, at);
+}
+}  // namespace
+
+CKVERIFY_PLUGIN(make)

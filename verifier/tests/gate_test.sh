@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# verifier/tests/gate_test.sh CKVERIFY PLUGIN_DIR TMPDIR: the gate on implementations outside ckverify.
+#   isolation: a plugin that segfaults, aborts, throws a non-exception, exits or hangs is a finding
+#     (exit 1, a whole report, a repro line), never a crash or a hang of ckverify;
+#   plugin loading: each load error is one line and exit 2;
+#   the faults plugin: every fault loaded through the plugin path is killed exactly as the built-in one;
+#   workers: the verdict and the report are the same for -j 1 and -j 2;
+#   shards: three shards merged equal the unsharded run (passing and failing); merge refuses bad input.
+set -u
+ck="$1"; plugins="$2"; tmp="$3"
+rm -rf "$tmp"; mkdir -p "$tmp"; cd "$tmp"
+fails=0
+bad() { echo "FAIL: $*"; fails=$((fails+1)); }
+expect() {  # expect CODE DESCRIPTION -- command...
+  local want="$1" what="$2"; shift 3
+  "$@" >out.txt 2>err.txt; local got=$?
+  if [ "$got" != "$want" ]; then bad "$what: exit $got, expected $want"; cat out.txt err.txt; else echo "ok: $what"; fi
+}
+one_line_error() { [ "$(wc -l < err.txt)" = 1 ] || { bad "$1: error is not one line"; cat err.txt; }; }
+# The report without what differs from run to run (wall time).
+canon() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [r.pop(k,None) for k in ('elapsed_s','shard','case_outcomes')]; r.get('failure',{}).pop('repro',None); print(json.dumps(r,sort_keys=True,indent=1))" "$1"; }
+mis="$plugins/libckverify_misbehave.so"
+
+# Isolation: each way of dying is a completes finding with the case and a repro line.
+for mode in segv abort throw exit; do
+  expect 1 "a plugin that does $mode is a finding" -- "$ck" check --impl "$mis:mode=$mode" --cases 5 -j 2 \
+    --json "$mode.json" --repro-file "$mode-repro.json" --time-budget 60
+  grep -q "^FAILED completes" out.txt || { bad "$mode: headline"; cat out.txt; }
+  grep -q "ckverify repro $mode-repro.json" out.txt || bad "$mode: no repro line"
+  python3 -c "import json; r=json.load(open('$mode.json')); assert r['failure']['property']=='completes'" || bad "$mode: report"
+done
+grep -q "signal 11" segv.json || bad "segv: the signal is not named"
+expect 1 "repro replays the crash as a finding" -- "$ck" repro segv-repro.json
+grep -q "^FAILED completes" out.txt || bad "repro of a crash"
+start=$(date +%s)
+expect 1 "a plugin that hangs is a finding" -- "$ck" check --impl "$mis:mode=hang" --cases 3 -j 2 --case-timeout 2 \
+  --time-budget 20 --json hang.json --repro-file hang-repro.json
+grep -q "per-case timeout of 2 s" hang.json || { bad "hang: timeout not named"; cat out.txt; }
+[ $(( $(date +%s) - start )) -le 60 ] || bad "a hanging plugin held ckverify for $(( $(date +%s) - start )) s"
+
+# Plugin load errors: one line, exit 2, before any work.
+rm -f ckverify-repro.json
+expect 2 "a plugin file that does not exist" -- "$ck" check --impl ./nowhere.so --cases 1
+one_line_error "missing plugin"
+echo "not an ELF file" > fake.so
+expect 2 "a file that is not a shared library" -- "$ck" check --impl ./fake.so --cases 1
+grep -q "cannot load it as a shared library" err.txt || { bad "fake.so message"; cat err.txt; }
+one_line_error "fake.so"
+expect 2 "a shared library without the entry points" -- "$ck" check --impl "$plugins/libckverify_nostamp.so" --cases 1
+grep -q "not a ckverify plugin" err.txt || { bad "no-symbol message"; cat err.txt; }
+expect 2 "a plugin built for another interface version" -- "$ck" check --impl "$plugins/libckverify_stamp_interface.so" --cases 1
+grep -q "interface version 999" err.txt || { bad "interface message"; cat err.txt; }
+expect 2 "a plugin built against another LibTorch" -- "$ck" check --impl "$plugins/libckverify_stamp_torch.so" --cases 1
+grep -q "built against LibTorch 1.0" err.txt || { bad "torch message"; cat err.txt; }
+expect 2 "a plugin built with the other C++ ABI" -- "$ck" check --impl "$plugins/libckverify_stamp_abi.so" --cases 1
+grep -q "_GLIBCXX_USE_CXX11_ABI" err.txt || { bad "abi message"; cat err.txt; }
+expect 2 "options the plugin refuses" -- "$ck" check --impl "$mis:colour=blue" --cases 1
+grep -q "refused its options" err.txt || { bad "option message"; cat err.txt; }
+one_line_error "refused options"
+expect 2 "a malformed option list" -- "$ck" check --impl "$mis:mode" --cases 1
+expect 2 "a directory as the plugin" -- "$ck" check --impl "$plugins/" --cases 1
+[ ! -e ckverify-repro.json ] || bad "a refused run wrote a repro file"
+
+# The faults plugin: every fault through the loader, killed as the built-in one is.
+expect 0 "faults through the plugin loader" -- "$ck" faults --plugin "$plugins/libckverify_faults.so" --cases 300 --json via-plugin.json
+expect 0 "faults through the built-in table" -- "$ck" faults --cases 300 --json builtin.json
+python3 - <<'PY' || bad "the plugin path kills differently from the built-in path"
+import json, re
+a = {r["fault"]: r for r in json.load(open("builtin.json"))["faults"]}
+b = {r["fault"]: r for r in json.load(open("via-plugin.json"))["faults"]}
+strip = lambda s: re.sub(r" impl=\S+", "", s)
+n = 0
+for name, r in b.items():
+    if not r["run"]:
+        assert a[name]["expected"] == "resume" or not a[name]["run"], name
+        continue
+    x = a[name]
+    assert r["killed"] and r["killed_by"] == x["killed_by"], (name, r, x)
+    assert r["cases_to_kill"] == x["cases_to_kill"], (name, r["cases_to_kill"], x["cases_to_kill"])
+    assert strip(r["shrunk_case"]) == strip(x["shrunk_case"]), (name, r["shrunk_case"], x["shrunk_case"])
+    n += 1
+assert n >= 15, n
+print(f"{n} faults killed identically through the plugin")
+PY
+
+# Workers: the same verdict and report whatever their number.
+expect 0 "-j 1" -- "$ck" check --cases 40 -j 1 --json j1.json
+expect 0 "-j 2" -- "$ck" check --cases 40 -j 2 --json j2.json
+[ "$(canon j1.json)" = "$(canon j2.json)" ] || bad "-j 1 and -j 2 reports differ"
+expect 1 "-j 1 on a fault" -- "$ck" check --impl no-preserve-rng --cases 200 -j 1 --json f1.json --repro-file r1.json
+expect 1 "-j 2 on a fault" -- "$ck" check --impl no-preserve-rng --cases 200 -j 2 --json f2.json --repro-file r2.json
+[ "$(canon f1.json)" = "$(canon f2.json)" ] || { bad "-j 1 and -j 2 failures differ"; diff <(canon f1.json) <(canon f2.json); }
+
+# Shards: disjoint cases, merged into the unsharded verdict.
+for k in 1 2 3; do
+  expect 0 "shard $k/3" -- "$ck" check --cases 40 --shard $k/3 --json s$k.json
+done
+expect 0 "merge of passing shards" -- "$ck" merge s1.json s2.json s3.json --json merged.json --junit merged.xml --markdown merged.md
+[ "$(canon merged.json)" = "$(canon j1.json)" ] || { bad "merged shards differ from the unsharded run"; diff <(canon merged.json) <(canon j1.json); }
+grep -q "<testsuite" merged.xml || bad "merged junit"
+for k in 1 2 3; do
+  "$ck" check --impl no-preserve-rng --cases 200 --shard $k/3 --json fs$k.json --repro-file fr$k.json >/dev/null 2>&1
+done
+expect 1 "merge of shards with a failure" -- "$ck" merge fs1.json fs2.json fs3.json --json fmerged.json
+python3 - <<'PY' || bad "merged failure differs from the unsharded run"
+import json
+m, u = json.load(open("fmerged.json")), json.load(open("f1.json"))
+for k in ("property", "case_line", "case_index"):
+    assert m["failure"][k] == u["failure"][k], (k, m["failure"][k], u["failure"][k])
+assert m["cases_run"] == u["cases_run"], (m["cases_run"], u["cases_run"])
+assert [p["cases_held"] for p in m["properties"]] == [p["cases_held"] for p in u["properties"]]
+PY
+expect 2 "merge with a shard missing" -- "$ck" merge s1.json s2.json
+grep -q "shard 3/3 is missing" err.txt || { bad "missing shard message"; cat err.txt; }
+expect 2 "merge with a shard twice" -- "$ck" merge s1.json s1.json s2.json s3.json
+expect 2 "merge of different runs" -- "$ck" merge s1.json s2.json fs3.json
+echo '{"tool": "ckverify"' > broken.json
+expect 2 "merge of a malformed report" -- "$ck" merge broken.json
+one_line_error "malformed report"
+python3 -c "print('['*100000 + ']'*100000)" > deep.json
+expect 2 "merge of deeply nested JSON" -- "$ck" merge deep.json
+expect 2 "merge of a FIFO" -- bash -c "mkfifo pipe.json; timeout 10 '$ck' merge pipe.json"
+expect 2 "--shard out of range" -- "$ck" check --cases 4 --shard 4/3
+expect 2 "--shard malformed" -- "$ck" check --cases 4 --shard 1/x
+expect 2 "-j 0" -- "$ck" check --cases 4 -j 0
+expect 2 "--case-timeout 0" -- "$ck" check --cases 4 --case-timeout 0
+expect 2 "--only with an unknown field" -- "$ck" check --cases 4 --only colour=red
+expect 2 "--only impl" -- "$ck" check --cases 4 --only impl=builtin
+expect 0 "--only fixes a field" -- "$ck" check --cases 20 --only fx=none --only prec=fp32 --json only.json
+python3 -c "import json; r=json.load(open('only.json')); assert r['only']=='fx=none prec=fp32'" || bad "--only not in the report"
+
+echo "gate_test: $fails failure(s)"
+exit $((fails > 0))
