@@ -305,6 +305,10 @@ Report merge(const std::vector<Report>& shards) {
     if (++seen[static_cast<size_t>(r.shard_index)] > 1)
       throw std::invalid_argument(fmt::format("shard {}/{} is given twice", r.shard_index + 1, n));
     if (!r.error.empty()) throw std::invalid_argument(fmt::format("shard {}/{} ended in an internal error", r.shard_index + 1, n));
+    for (const auto& [i, code] : r.outcomes)
+      if (i < 0 || i >= r.cases_requested || i % n != r.shard_index)
+        throw std::invalid_argument(
+            fmt::format("shard {}/{} lists case {}, which is not one of its cases", r.shard_index + 1, n, i));
   }
   for (int k = 0; k < n; ++k)
     if (!seen[static_cast<size_t>(k)]) throw std::invalid_argument(fmt::format("shard {}/{} is missing", k + 1, n));
@@ -322,11 +326,20 @@ Report merge(const std::vector<Report>& shards) {
     m.outcomes.insert(m.outcomes.end(), r.outcomes.begin(), r.outcomes.end());
   }
   std::sort(m.outcomes.begin(), m.outcomes.end());
-  if (failing) {  // the unsharded run stops at the first failing case
-    const int last = failing->failure->passing_before;
-    m.outcomes.erase(std::remove_if(m.outcomes.begin(), m.outcomes.end(), [&](const auto& o) { return o.first > last; }),
-                     m.outcomes.end());
+  // The unsharded run: cases 0, 1, 2, ... in order until the first failing one. A case no shard ran (its
+  // shard stopped at the time budget) ends it there, as the budget would have.
+  const int last = failing ? failing->failure->passing_before : a.cases_requested - 1;
+  int next = 0;
+  for (const auto& o : m.outcomes) {
+    if (o.first != next || next > last) break;
+    ++next;
   }
+  if (next <= last) {
+    m.time_budget_hit = true;
+    for (const Report& r : shards)
+      if (r.time_budget_hit) m.time_budget_s = r.time_budget_s;
+  }
+  m.outcomes.resize(static_cast<size_t>(next));
   m.cases_run = static_cast<int>(m.outcomes.size());
   m.properties = a.properties;
   for (size_t p = 0; p < m.properties.size(); ++p) {

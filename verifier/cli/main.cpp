@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -119,8 +120,8 @@ struct GateOptions {
 GateOptions gate_options(int jobs, double case_timeout, const std::string& shard) {
   GateOptions g;
   if (jobs < 1 || jobs > 256) throw UsageError("-j/--jobs must be in [1, 256]");
-  if (!(case_timeout > 0) || !std::isfinite(case_timeout) || case_timeout > 86400)
-    throw UsageError("--case-timeout must be a number of seconds in (0, 86400]");
+  if (!(case_timeout >= 1) || !std::isfinite(case_timeout) || case_timeout > 86400)
+    throw UsageError("--case-timeout must be a number of seconds in [1, 86400]");
   g.jobs = jobs, g.case_timeout_s = case_timeout;
   if (!shard.empty()) {
     int k = 0, n = 0;
@@ -133,10 +134,11 @@ GateOptions gate_options(int jobs, double case_timeout, const std::string& shard
   return g;
 }
 
-int cmd_check(const std::string& impl_name, const std::string& plan_text, int cases, uint64_t seed, double budget,
+int cmd_check(std::string impl_name, const std::string& plan_text, int cases, uint64_t seed, double budget,
               const Outputs& out, const std::string& repro_path, const std::string& device, const GateOptions& g,
               const std::vector<std::string>& only) {
   SearchOptions o;
+  std::set<std::string> only_keys;
   for (const auto& w : only) {
     const std::string key = w.substr(0, w.find('='));
     if (key == "impl" || key == "device" || key == "plan")
@@ -146,6 +148,7 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
     } catch (const CaseError& e) {
       throw UsageError("--only: " + std::string(e.what()));
     }
+    if (!only_keys.insert(key).second) throw UsageError("--only " + sanitize(key) + " is given twice");
     o.gen.only += (o.gen.only.empty() ? "" : " ") + w;
   }
   o.gen.impl = impl_name;
@@ -157,6 +160,14 @@ int cmd_check(const std::string& impl_name, const std::string& plan_text, int ca
     o.gen.plan = p;
   }
   check_impl_spec(impl_name);  // unknown names fail here, as usage errors
+  // A plugin is named by its absolute path in every Case, so a repro file replays from any directory.
+  if (spec_kind(impl_name) == SpecKind::plugin) {
+    const size_t colon = impl_name.find(':');
+    std::error_code ec;
+    impl_name = std::filesystem::absolute(impl_name.substr(0, colon), ec).lexically_normal().string() +
+                (colon == std::string::npos ? "" : impl_name.substr(colon));
+    check_impl_spec(impl_name);
+  }
   if (const std::string why = unobservable_here(impl_info(impl_name), device); !why.empty())
     throw EnvironmentError(why);
   std::vector<std::pair<std::string, std::string>> paths = out.paths();
@@ -751,7 +762,9 @@ int main(int argc, char** argv) {
 
   auto* check = app.add_subcommand("check", "Run the properties (" + property_list() +
                                                 ") over generated Cases; shrink any failure to a minimal Case.");
-  check->add_option("--impl", impl, "Implementation under test: builtin or a fault name (see `ckverify list`)")
+  check->add_option("--impl", impl,
+                    "Implementation under test: builtin, a fault name (see `ckverify list`), a C++ plugin "
+                    "PATH.so[:key=value,...] or a Python function py:MODULE:CALLABLE[:key=value,...]")
       ->capture_default_str();
   check->add_option("--plan", plan,
                     std::string("Checkpoint plan for every case (") + kPlanSpellings + "); default: generated");

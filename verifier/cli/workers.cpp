@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,6 +93,9 @@ std::vector<Finding> findings_from_line(const std::string& line) {
 }
 
 int worker_main(const std::string& impl, int threads) {
+  // A worker never outlives ckverify, even one killed with SIGKILL while this worker hangs in a case.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() == 1) return 0;
   ::dup2(STDERR_FILENO, STDOUT_FILENO);  // whatever the implementation prints goes to stderr
   auto answer = [](const std::string& line) {
     if (!write_all(3, line + "\n")) std::_Exit(0);  // the parent is gone
@@ -202,20 +206,21 @@ void WorkerPool::start(Worker& w) {
       if (j.is_object() && j.contains("ready")) return;
       const std::string why = j.is_object() && j.contains("error") ? j["error"].get<std::string>() : *line;
       stop(w);
-      throw UsageError("--impl " + sanitize(o_.impl, 200) + ": " + sanitize(why, 300));
+      throw UsageError(sanitize(o_.impl, 200) + ": " + sanitize(why, 300));
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
     pollfd p{w.from, POLLIN, 0};
     if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) == 0) {
       stop(w);
-      throw UsageError("--impl " + sanitize(o_.impl, 200) + ": loading the implementation did not finish in time");
+      throw UsageError(fmt::format("{}: loading the implementation took longer than {:g} s",
+                                   sanitize(o_.impl, 200), std::max(60.0, o_.case_timeout_s)));
     }
     if (!read_some(w.from, w.buffer)) {
       int status = 0;
       ::waitpid(w.pid, &status, 0);
       w.pid = -1;
       stop(w);
-      throw UsageError("--impl " + sanitize(o_.impl, 200) + ": the worker process " + describe_exit(status) +
+      throw UsageError(sanitize(o_.impl, 200) + ": the worker process " + describe_exit(status) +
                        " while loading the implementation");
     }
   }
@@ -260,6 +265,14 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
         wait_until = std::min(wait_until, w->deadline);
       }
     if (busy.empty()) break;
+    if (Clock::now() >= deadline) {  // the run's time budget is spent: cases still running get no result
+      for (Worker* w : busy) {
+        out[static_cast<size_t>(w->task)].reset();
+        stop(*w);
+      }
+      break;
+    }
+    wait_until = std::min(wait_until, deadline);
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wait_until - Clock::now()).count() + 1;
     const int n = ::poll(polls.data(), polls.size(), static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30)));
     if (n < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));

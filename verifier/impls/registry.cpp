@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "verifier/case/case.hpp"
@@ -51,6 +52,11 @@ ImplInfo impl_info(const std::string& spec) {
 }
 
 void check_impl_spec(const std::string& spec) {
+  try {  // the Case's own limits on the field (the spec travels in every Case and repro file)
+    case_from_json(nlohmann::json{{"impl", spec}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } catch (const CaseError& e) {
+    throw std::invalid_argument(e.what());
+  }
   switch (spec_kind(spec)) {
     case SpecKind::name:
       if (!find_impl(spec)) make_impl(spec);  // throws, listing the known names
@@ -58,8 +64,8 @@ void check_impl_spec(const std::string& spec) {
     case SpecKind::plugin: {
       const std::string path = parse_spec(spec).target;
       struct stat st {};
-      if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("--impl: plugin " + sanitize(path, 200) + ": no such file");
-      if (!S_ISREG(st.st_mode)) throw std::invalid_argument("--impl: plugin " + sanitize(path, 200) + ": not a regular file");
+      if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("plugin " + sanitize(path, 200) + ": no such file");
+      if (!S_ISREG(st.st_mode)) throw std::invalid_argument("plugin " + sanitize(path, 200) + ": not a regular file");
       return;
     }
     case SpecKind::python:

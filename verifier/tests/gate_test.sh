@@ -38,6 +38,23 @@ expect 1 "a plugin that hangs is a finding" -- "$ck" check --impl "$mis:mode=han
 grep -q "per-case timeout of 2 s" hang.json || { bad "hang: timeout not named"; cat out.txt; }
 [ $(( $(date +%s) - start )) -le 60 ] || bad "a hanging plugin held ckverify for $(( $(date +%s) - start )) s"
 
+# Workers die with ckverify: a run stopped by SIGTERM (a CI timeout) leaves no worker behind.
+"$ck" check --impl "$mis:mode=hang,at=2" --cases 2 -j 2 --case-timeout 300 >/dev/null 2>&1 &
+pid=$!; sleep 8; kill -TERM $pid; wait $pid 2>/dev/null; sleep 2
+pgrep -f "worker --impl $mis:mode=hang,at=2" >/dev/null && { bad "workers outlived a killed ckverify"; pkill -9 -f "worker --impl $mis:mode=hang,at=2"; }
+# A relative plugin path is stored absolute: the repro file replays from any directory.
+cp "$mis" mb.so
+expect 1 "a relative plugin path" -- "$ck" check --impl mb.so:mode=abort --cases 2 --repro-file rel.json
+mkdir -p elsewhere
+(cd elsewhere && "$ck" repro ../rel.json >../out.txt 2>&1); [ $? = 1 ] || { bad "repro of a relative plugin from elsewhere"; cat out.txt; }
+# The time budget bounds a run whose cases hang: cases in flight at the budget are stopped.
+start=$(date +%s)
+expect 1 "the budget cuts a hanging case" -- "$ck" check --impl "$mis:mode=hang" --cases 3 --case-timeout 300 --time-budget 5
+[ $(( $(date +%s) - start )) -le 30 ] || bad "a 5 s budget with hanging cases took $(( $(date +%s) - start )) s"
+expect 2 "an impl spec with a blank" -- "$ck" check --impl "dir with blank/x.so" --cases 1
+one_line_error "impl with a blank"
+expect 2 "--only twice for one field" -- "$ck" check --cases 4 --only fx=none --only fx=bn
+
 # Plugin load errors: one line, exit 2, before any work.
 rm -f ckverify-repro.json
 expect 2 "a plugin file that does not exist" -- "$ck" check --impl ./nowhere.so --cases 1
