@@ -2,7 +2,7 @@
 // same Case agree at every step: each micro-batch's loss, whether each parameter received a gradient,
 // how often each parameter's gradient hook ran, every parameter gradient, each micro-batch's x.grad, and
 // the parameters after the optimizer step. Losses bitwise on CPU, fp32 and autocast alike; gradients
-// within fp32 rounding of a different summation order (reorder_tolerance), and further where a
+// within rounding of a different summation order (reorder_tolerance), and further where a
 // gradient's contributions arrive along several paths: a parameter read in several places, and every
 // gradient under a gradient penalty (tolerance.hpp says why). The baseline takes each step
 // from the parameters the run under test reached (run.hpp), so every step is judged on its own.
@@ -63,7 +63,9 @@ Finding judge(const Observations& o) {
         for (double v : b.grads.items[k].data) step_scale = std::max(step_scale, std::abs(v));
     for (const auto& d : b.dx)
       for (double v : d) step_scale = std::max(step_scale, std::abs(v));
-    const Tolerance reorder = reorder_tolerance(step_scale);
+    // A clipping hook records clipped gradients; the rounding comes from the unclipped ones.
+    step_scale = std::max(step_scale, b.hook_input_max);
+    const Tolerance reorder = reorder_tolerance(c.precision, paths, step_scale);
     auto failed = [&](const CompareResult& r) {
       return Finding::fail(kName, step, fmt::format("step {} {}", step, r.view.label), r.message());
     };
@@ -129,7 +131,7 @@ Finding judge(const Observations& o) {
 Property grad_baseline_property() {
   return {kName,
           "loss, which parameters get gradients, hook calls, every gradient, x.grad and the parameters after each "
-          "step equal the non-checkpointed run: losses bitwise on CPU, gradients within fp32 rounding of another "
+          "step equal the non-checkpointed run: losses bitwise on CPU, gradients within rounding of another "
           "summation order (shared parameters within their multi-path bound)",
           judge};
 }

@@ -43,10 +43,13 @@ Tolerance shared_gradient_tolerance(Precision p, int uses, double step_scale) {
                       p == Precision::fp32 ? "" : " and in fp32 instead of the autocast dtype")};
 }
 
-Tolerance reorder_tolerance(double step_scale) {
-  return {0.0, kSharedFactor * kReorderPaths * kFp32Eps * step_scale,
-          "a correct checkpoint may sum a gradient's contributions in another order (fp32 rounding of the step's "
-          "largest gradient)"};
+Tolerance reorder_tolerance(Precision p, int paths, double step_scale) {
+  double eps = kSharedFactor * kReorderPaths * paths * kFp32Eps;
+  if (p != Precision::fp32) eps = std::max(eps, kSharedFactor * kAutocastReorderPaths * paths * accumulation_eps(p));
+  return {0.0, eps * step_scale,
+          fmt::format("a correct checkpoint may sum a gradient's contributions in another order (rounding of the "
+                      "step's largest gradient{})",
+                      p == Precision::fp32 ? "" : ", in fp32 and in the autocast dtype")};
 }
 
 Tolerance looser(const Tolerance& a, const Tolerance& b) {

@@ -55,13 +55,20 @@ Tolerance baseline_tolerance(Precision p);
 // the step's baseline (every parameter and x.grad).
 Tolerance shared_gradient_tolerance(Precision p, int uses, double step_scale);
 // Any gradient: a correct checkpoint may sum an activation's gradient contributions in another order
-// than the plain graph (a reentrant checkpoint runs a nested backward per segment, and its engine
-// visits the segment's nodes in its own order), so every gradient may move by fp32 rounding of the
-// step's largest gradient: kReorderPaths paths' worth (found gating torch.utils.checkpoint with
-// use_reentrant=True: one fp32 ulp on a bias gradient under frozen parameters). An autocast dtype
-// summed where the plain graph sums in fp32 moves far more (the leaf-input-recompute fault).
-inline constexpr int kReorderPaths = 4;
-Tolerance reorder_tolerance(double step_scale);
+// than the plain graph (a reentrant checkpoint runs a nested backward per segment, and its engine visits
+// the segment's nodes in its own order; under autocast some of those sums are in the autocast dtype),
+// so every gradient may move by rounding: 2 x kReorderPaths x paths fp32 epsilons of the step's largest
+// gradient, and under autocast 2 x kAutocastReorderPaths x paths epsilons of the autocast dtype. `paths` is 2 under a
+// gradient penalty (its second-order path meets the first-order one later in a nested backward).
+// Found by gating correct implementations written elsewhere: torch.utils.checkpoint(use_reentrant=True)
+// one fp32 ulp off on a bias gradient; an independently written reentrant plugin up to 2.7x the first
+// bound (8 fp32 epsilons) with a gradient penalty and dropout, 1.4x with a clipping hook (the scale is
+// taken from clipped gradients), and one fp16 ulp off on x.grad under fp16 autocast; torch's reentrant
+// checkpoint under bf16 (autocast caches one cast of its detached leaf input for q, k and v, whose
+// gradients then meet in bf16) 1.13x a 2-epsilon bf16 bound on x.grad.
+inline constexpr int kReorderPaths = 8;
+inline constexpr int kAutocastReorderPaths = 4;
+Tolerance reorder_tolerance(Precision p, int paths, double step_scale);
 // The larger atol of the two (same rtol 0).
 Tolerance looser(const Tolerance& a, const Tolerance& b);
 // That parameter after an optimizer step of rate lr, given the gradient tolerance: SGD moves it by lr

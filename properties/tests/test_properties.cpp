@@ -90,7 +90,7 @@ const FaultDemo kDemos[] = {
     {"first-output-only", "segio=multi", "segio=single"},
     {"reentrant-hooks", "hook=scale", "hook=none"},
     {"nograd-forward-cache", "tie=head plan=block prec=bf16", "tie=none plan=block prec=bf16"},
-    {"leaf-input-recompute", "prec=bf16 pos=post attn=bidir act=swiglu plan=every2 layers=4", "prec=fp32 pos=post"},
+    {"leaf-input-recompute", "gp=0.1 pos=post attn=bidir plan=every2 layers=4", "pos=post attn=bidir plan=every2 layers=4"},
 };
 
 Case demo_case(const std::string& keys, const std::string& impl) {

@@ -151,7 +151,6 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
     if (!only_keys.insert(key).second) throw UsageError("--only " + sanitize(key) + " is given twice");
     o.gen.only += (o.gen.only.empty() ? "" : " ") + w;
   }
-  o.gen.impl = impl_name;
   o.gen.device = device;
   if (!plan_text.empty()) {
     Plan p;
@@ -168,6 +167,7 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
                 (colon == std::string::npos ? "" : impl_name.substr(colon));
     check_impl_spec(impl_name);
   }
+  o.gen.impl = impl_name;
   if (const std::string why = unobservable_here(impl_info(impl_name), device); !why.empty())
     throw EnvironmentError(why);
   std::vector<std::pair<std::string, std::string>> paths = out.paths();

@@ -114,6 +114,7 @@ class Trainer {
     model_.train();
     params_ = model_.parameters();
     hook_calls_ = std::make_shared<std::vector<int>>(params_.size(), 0);
+    hook_input_max_ = std::make_shared<double>(0.0);
     if (c.opt == Optimizer::adam) {
       for (const auto& p : params_) {
         adam_m_.push_back(torch::zeros_like(p));
@@ -127,8 +128,9 @@ class Trainer {
         continue;
       }
       if (c.hook == Hook::none) continue;
-      params_[i].register_hook([calls = hook_calls_, i, h = c.hook](const torch::Tensor& g) {
+      params_[i].register_hook([calls = hook_calls_, seen = hook_input_max_, i, h = c.hook](const torch::Tensor& g) {
         ++(*calls)[i];
+        *seen = std::max(*seen, g.detach().abs().max().item<double>());
         return h == Hook::scale ? g * 0.5 : g.clamp(-kClipHook, kClipHook);
       });
     }
@@ -399,6 +401,7 @@ class Trainer {
       std::fill(effects_.cache_calls.begin(), effects_.cache_calls.end(), 0);
       for (auto& p : params_) p.mutable_grad().reset();
       std::fill(hook_calls_->begin(), hook_calls_->end(), 0);
+      *hook_input_max_ = 0.0;
     }
     first_micro_ = position_ % c_.micro;
     live_.assign(static_cast<size_t>(c_.micro), {});
@@ -422,6 +425,7 @@ class Trainer {
     rec.grads = model_.grads();
     rec.grad_defined = model_.grads_defined();
     rec.hook_calls = *hook_calls_;
+    rec.hook_input_max = *hook_input_max_;
     const double update_start = now();
     {
       torch::NoGradGuard no_grad;
@@ -618,6 +622,7 @@ class Trainer {
   TransformerImpl model_;
   std::vector<torch::Tensor> params_;
   std::shared_ptr<std::vector<int>> hook_calls_;
+  std::shared_ptr<double> hook_input_max_;  // see StepRecord::hook_input_max
   std::vector<torch::Tensor> x_, targets_, y_;
   torch::Tensor key_valid_;
   std::vector<Unit> units_;

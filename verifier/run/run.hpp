@@ -58,6 +58,7 @@ struct StepRecord {
   std::vector<bool> grad_defined;       // per parameter, layout order
   std::vector<std::vector<double>> dx;  // per micro-batch: dloss/dx (empty when the input is frozen)
   std::vector<int> hook_calls;          // per parameter: gradient hook calls during the step
+  double hook_input_max = 0.0;          // the largest |gradient| a hook received (before hook=clip clips it)
   ParamSet params_after;                // after the optimizer update
   ParamSet optimizer;                   // Adam's moments after the update (exp_avg.*, exp_avg_sq.*); empty for SGD
   Ledger ledger;                        // after the step

@@ -24,7 +24,7 @@ mis="$plugins/libckverify_misbehave.so"
 # Isolation: each way of dying is a completes finding with the case and a repro line.
 for mode in segv abort throw exit; do
   expect 1 "a plugin that does $mode is a finding" -- "$ck" check --impl "$mis:mode=$mode" --cases 5 -j 2 \
-    --json "$mode.json" --repro-file "$mode-repro.json" --time-budget 60
+    --json "$mode.json" --repro-file "$mode-repro.json" --time-budget 10
   grep -q "^FAILED completes" out.txt || { bad "$mode: headline"; cat out.txt; }
   grep -q "ckverify repro $mode-repro.json" out.txt || bad "$mode: no repro line"
   python3 -c "import json; r=json.load(open('$mode.json')); assert r['failure']['property']=='completes'" || bad "$mode: report"
@@ -34,7 +34,7 @@ expect 1 "repro replays the crash as a finding" -- "$ck" repro segv-repro.json
 grep -q "^FAILED completes" out.txt || bad "repro of a crash"
 start=$(date +%s)
 expect 1 "a plugin that hangs is a finding" -- "$ck" check --impl "$mis:mode=hang" --cases 3 -j 2 --case-timeout 2 \
-  --time-budget 20 --json hang.json --repro-file hang-repro.json
+  --time-budget 12 --json hang.json --repro-file hang-repro.json
 grep -q "per-case timeout of 2 s" hang.json || { bad "hang: timeout not named"; cat out.txt; }
 [ $(( $(date +%s) - start )) -le 60 ] || bad "a hanging plugin held ckverify for $(( $(date +%s) - start )) s"
 
@@ -79,8 +79,8 @@ expect 2 "a directory as the plugin" -- "$ck" check --impl "$plugins/" --cases 1
 [ ! -e ckverify-repro.json ] || bad "a refused run wrote a repro file"
 
 # The faults plugin: every fault through the loader, killed as the built-in one is.
-expect 0 "faults through the plugin loader" -- "$ck" faults --plugin "$plugins/libckverify_faults.so" --cases 300 --json via-plugin.json
-expect 0 "faults through the built-in table" -- "$ck" faults --cases 300 --json builtin.json
+expect 0 "faults through the plugin loader" -- "$ck" faults --plugin "$plugins/libckverify_faults.so" --cases 100 --json via-plugin.json
+expect 0 "faults through the built-in table" -- "$ck" faults --cases 100 --json builtin.json
 python3 - <<'PY' || bad "the plugin path kills differently from the built-in path"
 import json, re
 a = {r["fault"]: r for r in json.load(open("builtin.json"))["faults"]}

@@ -30,6 +30,9 @@ expect 0 "use_reentrant=false without side-effecting modules" -- "$ck" check --i
   --cases 300 --time-budget 150 --json nonreentrant.json
 expect 0 "use_reentrant=true within its documented limits" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none \
   --only gp=0 --only input=trainable --only hook=none --only prec=fp32 --cases 300 --time-budget 150
+expect 1 "use_reentrant=true loses a tied weight's gradient under bf16 autocast" -- "$ck" repro \
+  "$(dirname "$0")/../../fixtures/python/torch-reentrant-tied-head-autocast-cache__grad-baseline.json"
+grep -q "head.weight.grad" out.txt || { bad "tied head finding"; cat out.txt; }
 expect 1 "use_reentrant=true with a gradient penalty" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none --only gp=0.1 --cases 20
 grep -q "incompatible with .grad()" out.txt || { bad "reentrant gp"; cat out.txt; }
 expect 1 "preserve_rng_state=false is killed by rng-replay" -- "$ck" check --impl $tuc:use_reentrant=false,preserve_rng_state=false \

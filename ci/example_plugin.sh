@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# ci/example_plugin.sh: what a plugin author does. Installs ckverify (cmake --install), builds
+# examples/plugin against the *installed* package (find_package(ckverify)), and gates both plugins:
+# the correct one must pass, the buggy one (pytorch issue 71124) must fail autocast-replay.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+prefix="$PWD/build/install"; out="$PWD/build/example-plugin"
+rm -rf "$prefix" "$out"
+cmake --install build --prefix "$prefix" >/dev/null
+cmake -S examples/plugin -B "$out" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$out" -j "${CKVERIFY_JOBS:-$(nproc)}"
+ck="$prefix/bin/ckverify"
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+# Two runs: the design runs a hook once per nested backward, so hooks go with neither shared parameters
+# nor a gradient penalty (examples/plugin/README.md).
+"$ck" check --impl "$out/libexample_checkpoint.so" --only hook=none --cases 300 --time-budget 300
+"$ck" check --impl "$out/libexample_checkpoint.so" --only tie=none --only gp=0 --cases 300 --time-budget 300
+set +e
+"$ck" check --impl "$out/libexample_buggy.so" --cases 300 --time-budget 300 > buggy.txt 2>&1
+code=$?
+set -e
+if [ "$code" != 1 ] || ! grep -q "^FAILED autocast-replay" buggy.txt; then
+  echo "example_plugin: the buggy example was not caught (exit $code)"; cat buggy.txt; exit 1
+fi
+echo "example_plugin: the correct example passes, the buggy one fails autocast-replay"
