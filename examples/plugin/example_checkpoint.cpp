@@ -1,6 +1,14 @@
 // example_checkpoint.cpp: an activation checkpoint written from public LibTorch APIs, packaged as a
 // ckverify plugin. Copy it as the starting point of your own.
 //
+// Built a second time with EXAMPLE_BUG_71124 defined (libexample_buggy.so): ONE deliberate bug, marked
+// BUG below, for seeing what ckverify reports. It is pytorch/pytorch issue 71124, "Activation
+// checkpointing breaks bfloat16 AMP" (fixed by PR 71169): the reentrant checkpoint's backward re-entered
+// autocast when the forward had it on, but with the device's *default* autocast dtype (float16 on CUDA),
+// so a forward run under bfloat16 autocast was recomputed under float16. Here the buggy build keeps the
+// forward's enabled flags but takes each device's default dtype (bfloat16 on CPU, float16 on CUDA): on
+// CPU it shows with prec=fp16; on CUDA with prec=bf16.
+//
 // The mechanism is the reentrant one (torch.utils.checkpoint(use_reentrant=True)), as a custom
 // torch::autograd::Function:
 //   forward : run the segment with grad disabled, so autograd keeps none of its activations; keep only
@@ -126,7 +134,16 @@ class ReplayForward {
  public:
   explicit ReplayForward(const Segment& seg) : gens_(generators()), rng_(get_states(gens_)), autocast_(AutocastState::current()) {
     set_states(gens_, seg.rng);
+#ifndef EXAMPLE_BUG_71124
     seg.autocast.install();
+#else
+    // BUG (pytorch/pytorch#71124): re-enters autocast as the forward had it, but with the device's
+    // default dtype instead of the forward's. The fix is seg.autocast.install() unchanged.
+    AutocastState replayed = seg.autocast;
+    replayed.dtype[0] = at::kBFloat16;  // CPU autocast's default dtype
+    replayed.dtype[1] = at::kHalf;      // CUDA autocast's default dtype
+    replayed.install();
+#endif
     at::autocast::increment_nesting();
   }
   ~ReplayForward() {
@@ -286,6 +303,6 @@ class ExampleCheckpoint : public ckv::CheckpointImpl {
 }  // namespace
 
 CKVERIFY_PLUGIN([](const ckv::PluginOptions& options) -> ckv::CheckpointImpl* {
-  if (!options.empty()) throw std::invalid_argument("example_checkpoint takes no options, got " + options.begin()->first);
+  if (!options.empty()) throw std::invalid_argument("this example takes no options, got " + options.begin()->first);
   return new ExampleCheckpoint();
 })

@@ -3,16 +3,10 @@
 # replay, the reports, one-line errors that leave nothing half-written, outputs that are only ever
 # regular files, the time budget, and `faults` killing every fault.
 set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ck="$1"; tmp="$2"
 rm -rf "$tmp"; mkdir -p "$tmp"; cd "$tmp"
-fails=0
-bad() { echo "FAIL: $*"; fails=$((fails+1)); }
-expect() {  # expect CODE DESCRIPTION -- command...
-  local want="$1" what="$2"; shift 3
-  "$@" >out.txt 2>err.txt; local got=$?
-  if [ "$got" != "$want" ]; then bad "$what: exit $got, expected $want"; cat out.txt err.txt; else echo "ok: $what"; fi
-}
-one_line_error() { [ "$(wc -l < err.txt)" = 1 ] || { bad "$1: error is not one line"; cat err.txt; }; }
+source "$here/lib.sh"
 
 expect 0 "builtin passes" -- "$ck" check --cases 30 --json report.json --junit report.xml --markdown report.md
 grep -q '"cases_run": 30' report.json || bad "report lacks cases_run 30"

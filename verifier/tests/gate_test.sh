@@ -7,16 +7,10 @@
 #   workers: the verdict and the report are the same for -j 1 and -j 2;
 #   shards: three shards merged equal the unsharded run (passing and failing); merge refuses bad input.
 set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ck="$1"; plugins="$2"; tmp="$3"
 rm -rf "$tmp"; mkdir -p "$tmp"; cd "$tmp"
-fails=0
-bad() { echo "FAIL: $*"; fails=$((fails+1)); }
-expect() {  # expect CODE DESCRIPTION -- command...
-  local want="$1" what="$2"; shift 3
-  "$@" >out.txt 2>err.txt; local got=$?
-  if [ "$got" != "$want" ]; then bad "$what: exit $got, expected $want"; cat out.txt err.txt; else echo "ok: $what"; fi
-}
-one_line_error() { [ "$(wc -l < err.txt)" = 1 ] || { bad "$1: error is not one line"; cat err.txt; }; }
+source "$here/lib.sh"
 # The report without what differs from run to run (wall time).
 canon() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [r.pop(k,None) for k in ('elapsed_s','shard','case_outcomes')]; r.get('failure',{}).pop('repro',None); print(json.dumps(r,sort_keys=True,indent=1))" "$1"; }
 mis="$plugins/libckverify_misbehave.so"

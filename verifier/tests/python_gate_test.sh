@@ -8,19 +8,13 @@
 #   preserve_rng_state=False must be killed by rng-replay.
 #   bad specs: one line, exit 2.
 set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ck="$1"; tmp="$2"
 rm -rf "$tmp"; mkdir -p "$tmp"; cd "$tmp"
 if "$ck" check --impl py:torch.utils.checkpoint:checkpoint --cases 1 2>&1 | grep -q "no Python bridge"; then
   echo "SKIP: this build has no Python bridge (the floor build on Debian's LibTorch)"; exit 77
 fi
-fails=0
-bad() { echo "FAIL: $*"; fails=$((fails+1)); }
-expect() {  # expect CODE DESCRIPTION -- command...
-  local want="$1" what="$2"; shift 3
-  "$@" >out.txt 2>err.txt; local got=$?
-  if [ "$got" != "$want" ]; then bad "$what: exit $got, expected $want"; cat out.txt err.txt; else echo "ok: $what"; fi
-}
-one_line_error() { [ "$(wc -l < err.txt)" = 1 ] || { bad "$1: error is not one line"; cat err.txt; }; }
+source "$here/lib.sh"
 tuc=py:torch.utils.checkpoint:checkpoint
 
 expect 1 "use_reentrant=false: the default gate" -- "$ck" check --impl $tuc:use_reentrant=false --cases 300 --time-budget 120
@@ -31,7 +25,7 @@ expect 0 "use_reentrant=false without side-effecting modules" -- "$ck" check --i
 expect 0 "use_reentrant=true within its documented limits" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none \
   --only gp=0 --only input=trainable --only hook=none --only prec=fp32 --cases 300 --time-budget 150
 expect 1 "use_reentrant=true loses a tied weight's gradient under bf16 autocast" -- "$ck" repro \
-  "$(dirname "$0")/../../fixtures/python/torch-reentrant-tied-head-autocast-cache__grad-baseline.json"
+  "$here/../../fixtures/python/torch-reentrant-tied-head-autocast-cache__grad-baseline.json"
 grep -q "head.weight.grad" out.txt || { bad "tied head finding"; cat out.txt; }
 expect 1 "use_reentrant=true with a gradient penalty" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none --only gp=0.1 --cases 20
 grep -q "incompatible with .grad()" out.txt || { bad "reentrant gp"; cat out.txt; }

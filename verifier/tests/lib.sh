@@ -1,0 +1,10 @@
+# verifier/tests/lib.sh: helpers the CLI test scripts source (cli_test.sh, gate_test.sh,
+# python_gate_test.sh). Each script runs in its own temporary directory.
+fails=0
+bad() { echo "FAIL: $*"; fails=$((fails+1)); }
+expect() {  # expect CODE DESCRIPTION -- command...
+  local want="$1" what="$2"; shift 3
+  "$@" >out.txt 2>err.txt; local got=$?
+  if [ "$got" != "$want" ]; then bad "$what: exit $got, expected $want"; cat out.txt err.txt; else echo "ok: $what"; fi
+}
+one_line_error() { [ "$(wc -l < err.txt)" = 1 ] || { bad "$1: error is not one line"; cat err.txt; }; }
