@@ -53,8 +53,11 @@ Finding judge(const Observations& o) {
     };
     for (int m = a.first_micro; m < M; ++m) {
       const size_t mi = static_cast<size_t>(m);
-      if (a.losses.at(mi) != e.losses.at(mi))
-        return fail(fmt::format("loss (micro {})", m), fmt::format("{:.9g} vs {:.9g}", a.losses[mi], e.losses[mi]));
+      // Through compare_values, so a diverged run's NaN or Inf loss equals the same non-finite loss
+      // (a plain != calls NaN unequal to itself: a false positive on every diverging fp16/bf16 Case).
+      const std::string label = fmt::format("loss (micro {})", m);
+      if (const auto r = compare_values({label, {}, {}}, {a.losses.at(mi)}, {e.losses.at(mi)}, tol); !r.ok())
+        return fail(label, r.message());
     }
     std::string where;
     if (a.grad_defined != e.grad_defined) return fail("gradients", "which parameters have a gradient");
