@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ci/setup.sh: installs everything ckverify needs on a fresh Debian 12 machine, idempotently.
-#   - Debian packages: toolchain, test/bench libraries, Eigen, RapidCheck, JSON, CLI11, fmt, gnuplot,
+#   - Debian packages: toolchain (with ccache, which ci/test.sh compiles through), test/bench libraries, Eigen, RapidCheck, JSON, CLI11, fmt, gnuplot,
 #     and Debian's libtorch-dev (the floor build, LibTorch 1.13.1).
 #   - The primary LibTorch: PyPI's torch wheel at a pinned version, in the project-local virtual
 #     environment .venv/. The multi-GB wheels are kept in a wheelhouse outside the clone
@@ -12,7 +12,7 @@ TORCH_VERSION="${CKVERIFY_TORCH_VERSION:-2.8.0}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 
-debs=(build-essential cmake ninja-build pkg-config python3-venv python3-dev
+debs=(build-essential cmake ninja-build pkg-config ccache python3-venv python3-dev
       librapidcheck-dev libeigen3-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libcli11-dev libfmt-dev gnuplot-nox libtorch-dev)
 missing=()
