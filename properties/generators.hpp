@@ -26,6 +26,9 @@ struct CaseGenOptions {
   // Case fields every generated Case takes as given, in line form ("fx=none prec=fp32"): the search
   // explores the rest (`check --only`). A combination the fields cannot take throws CaseError.
   std::string only;
+  // The implementation is a strategy (check --strategy): every block a whole unit over the hidden state
+  // alone (plan=block, segio=single, no tied input projection).
+  bool strategy = false;
 };
 
 // Like gen::element, but shrinks towards earlier elements (gen::element does not shrink at all): the
@@ -116,6 +119,10 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
           const int total = c.steps * c.micro;
           c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);
           if (c.sched == Schedule::ffbb) c.resume -= c.resume % c.micro;
+        }
+        if (o.strategy) {
+          c.model.key_padding = false, c.model.aux_weight = 0.0;  // segio=single
+          if (c.model.tie == Tie::head) c.model.tie = Tie::none;
         }
         c.impl = o.impl;
         c.device = o.device;

@@ -26,6 +26,8 @@
 //     A Case whose estimate is not clearly below the baseline (one segment spanning the stack, a plan
 //     that checkpoints little, a gradient penalty, whose double backward keeps the recomputed graph for
 //     the second pass) cannot show a saving: the peak is then not judged, and the summary says so.
+//     Under a strategy the plan is the effective one: the checkpoints it made (blocks recomputed
+//     together, Observations::strategy_groups) are the segments of the estimate.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -57,6 +59,32 @@ int64_t per_call(const Observations& o, size_t s) {
   return input + 2 * B.rng_state;
 }
 
+// The checkpoints of the plan as [first, last] segments: the plan's segments, or a strategy's groups
+// (blocks recomputed together) with every other block on its own.
+struct Group {
+  size_t first, last;
+  bool checkpointed;
+};
+std::vector<Group> groups_of(const Observations& o) {
+  std::vector<Group> out;
+  for (size_t s = 0; s < o.segments.size();) {
+    size_t last = s;
+    if (o.strategy)
+      for (const auto& [a, b] : o.strategy_groups)
+        if (a >= 0 && static_cast<size_t>(a) == s && b >= a && static_cast<size_t>(b) < o.segments.size())
+          last = std::max(last, static_cast<size_t>(b));
+    bool ckpt = false;
+    for (size_t k = s; k <= last; ++k) ckpt |= o.segments[k].checkpointed;
+    out.push_back({s, last, ckpt});
+    s = last + 1;
+  }
+  return out;
+}
+
+std::string plan_name(const Observations& o) {
+  return o.strategy ? "(the strategy's: " + describe_effective_plan(o) + ")" : o.c.plan.to_string();
+}
+
 int64_t held_micro(const Observations& o) { return o.c.sched == Schedule::ffbb ? o.c.micro : 1; }
 
 int64_t slack_of(const Observations& o) {
@@ -70,6 +98,10 @@ Estimate estimate_peak(const Observations& o) {
   const MemoryRecord& B = o.baseline.memory;
   const StepMemory& b0 = B.steps.at(0);
   e.baseline = b0.peak - b0.before;
+  if (o.strategy && o.strategy_plan_varies) {
+    e.why_not = "the strategy checkpointed other blocks in other steps or micro-batches: no one plan to estimate";
+    return e;
+  }
   if (o.passes > 1) {
     e.why_not = "gp>0: the double backward keeps the recomputed graph for its second pass, so nothing is saved";
     return e;
@@ -85,15 +117,16 @@ Estimate estimate_peak(const Observations& o) {
   int64_t kept = B.forward_start + head, rebuilt = 0;
   size_t u = 0;
   int64_t previous = B.forward_start;
-  for (size_t s = 0; s < o.segments.size(); ++s) {
+  for (const Group& g : groups_of(o)) {
     int64_t seg_bytes = 0;
-    for (size_t k = 0; k < o.segments[s].units.size(); ++k, ++u) {
-      seg_bytes += B.unit_levels[u] - previous;
-      previous = B.unit_levels[u];
-    }
-    if (o.segments[s].checkpointed) {
-      kept += B.segment_output[s] + per_call(o, s);
-      if (o.grad_flows[s]) rebuilt = std::max(rebuilt, seg_bytes);
+    for (size_t s = g.first; s <= g.last; ++s)
+      for (size_t k = 0; k < o.segments[s].units.size(); ++k, ++u) {
+        seg_bytes += B.unit_levels[u] - previous;
+        previous = B.unit_levels[u];
+      }
+    if (g.checkpointed) {
+      kept += B.segment_output[g.last] + per_call(o, g.first);
+      if (o.grad_flows[g.last]) rebuilt = std::max(rebuilt, seg_bytes);
     } else {
       kept += seg_bytes;
     }
@@ -107,7 +140,7 @@ Estimate estimate_peak(const Observations& o) {
   const int64_t slack = slack_of(o);
   if (static_cast<double>(e.estimate) * kFactor + static_cast<double>(slack) >= static_cast<double>(e.baseline)) {
     e.why_not = fmt::format("plan {} is not expected to save memory on this Case (estimate {} vs {} without checkpointing)",
-                            o.c.plan.to_string(), kib(e.estimate), kib(e.baseline));
+                            plan_name(o), kib(e.estimate), kib(e.baseline));
     return e;
   }
   e.judged = true;
@@ -134,8 +167,8 @@ Finding judge(const Observations& o) {
   // then only its peak: one step cannot tell such state from a leak.
   const size_t first = T.steps.size() > 1 ? 1 : 0;
   int64_t allowed_calls = 0;  // what the step's calls may keep until end_step (per_call)
-  for (size_t s = 0; s < o.segments.size(); ++s)
-    if (o.segments[s].checkpointed) allowed_calls += o.c.micro * per_call(o, s);
+  for (const Group& g : groups_of(o))
+    if (g.checkpointed) allowed_calls += o.c.micro * per_call(o, g.first);
   const bool leak_judged = T.steps.size() > 1;
   for (size_t k = first; leak_judged && k < T.steps.size(); ++k) {
     const StepMemory &t = T.steps[k], &b = B.steps[k];
@@ -159,7 +192,7 @@ Finding judge(const Observations& o) {
           kName, static_cast<int>(k), fmt::format("step {}, activation peak", k),
           fmt::format("plan {} peaked at {} above the step's start; without checkpointing {}, estimate for the plan {} "
                       "(allowed {:.2f}x + {}): activations were kept that the plan frees",
-                      o.c.plan.to_string(), kib(peak), kib(e.baseline), kib(e.estimate), kFactor, kib(slack)));
+                      plan_name(o), kib(peak), kib(e.baseline), kib(e.estimate), kFactor, kib(slack)));
   }
   const std::string leak = leak_judged ? "nothing held after backward"
                                        : "after-backward level not judged (one step cannot tell kept state from a leak)";

@@ -1,7 +1,9 @@
 // properties/recompute_count.cpp: recompute-count. In every micro-batch of every step, each segment's
 // forward ran once; a checkpointed segment through which gradient flows was recomputed at least once and
 // at most once per backward pass (two with a gradient penalty); a checkpointed segment without gradient
-// at most once per pass; a plain segment never during backward.
+// at most once per pass; a plain segment never during backward. Under a strategy (which decides what to
+// checkpoint, step by step), each block's forward ran once and a block recomputed at most once per
+// backward pass of that forward; the summary gives the effective plan.
 #include <fmt/format.h>
 
 #include <map>
@@ -44,14 +46,21 @@ Finding judge(const Observations& o) {
           wrong = fmt::format("it is not checkpointed but ran {} time(s) during backward", backward);
         else if (ckpt && most > 1)
           wrong = fmt::format("it was recomputed {} time(s) in one backward pass, expected once", most);
-        else if (ckpt && o.grad_flows[s] && backward == 0)
+        else if (ckpt && o.grad_flows[s] && backward == 0 && !o.strategy)
           wrong =
               "gradient should flow through it but it was never recomputed (its activations were kept, or it ran "
               "without a graph)";
+        if (!wrong.empty() && o.strategy)
+          return Finding::fail(kName, step, fmt::format("step {} micro {} block {}", step, m, s),
+                               wrong + " (the strategy's effective plan: " + describe_effective_plan(o) + ")");
         if (!wrong.empty())
           return Finding::fail(
               kName, step, fmt::format("step {} micro {} segment {} ({})", step, m, s, describe(o.segments[s])), wrong);
       }
+  if (o.strategy)
+    return Finding::pass(kName, fmt::format("{} block(s) x {} step(s) x {} micro-batch(es) ran as often as expected; "
+                                            "the strategy's effective plan: {}",
+                                            o.segments.size(), o.c.steps, o.c.micro, describe_effective_plan(o)));
   return Finding::pass(kName, fmt::format("{} segment(s) x {} step(s) x {} micro-batch(es) ran as often as expected",
                                           o.segments.size(), o.c.steps, o.c.micro));
 }

@@ -1,8 +1,12 @@
 // properties/refuses_inplace.cpp: refuses-inplace. When the input of a checkpointed segment is modified
-// in place between its forward and its backward, backward fails with an error instead of recomputing
-// from the new value (silently wrong gradients).
+// in place between its forward and its backward, the recompute must not silently use the new value:
+// either backward fails with an error (a version check, as torch's checkpoint and ckverify's builtin
+// do), or it completes with the gradients of the forward that ran (an implementation that recomputes
+// from its own copy of the input, e.g. a clone per call or torch.autograd.graph.save_on_cpu). The
+// second is judged against the same forward and backward with the input left alone.
 #include <fmt/format.h>
 
+#include "properties/compare.hpp"
 #include "properties/property.hpp"
 
 namespace ckv {
@@ -13,16 +17,42 @@ Finding judge(const Observations& o) {
   const InplaceExperiment& e = o.inplace_exp;
   if (!e.ran) return Finding::not_applicable(kName, e.why_not);
   const std::string where = fmt::format("step 0 micro 0 segment {}", e.segment);
-  if (!e.threw)
+  if (e.threw) return Finding::pass(kName, "backward refused: " + e.message);
+  const std::string what = fmt::format(
+      "segment {}'s input was modified in place between forward and backward and backward completed without an "
+      "error",
+      e.segment);
+  if (!e.reference_ran)
     return Finding::fail(kName, 0, where,
-                         "the segment's input was modified in place (add_(1)) between forward and backward, and "
-                         "backward completed without an error: the recompute silently used the new value");
-  return Finding::pass(kName, "backward refused: " + e.message);
+                         what + ", but the same backward with the input left alone failed: " + e.reference_error);
+  const Tolerance tol = baseline_tolerance(o.c.precision);
+  auto differs = [&](const std::string& detail) {
+    return Finding::fail(kName, 0, where,
+                         what +
+                             ", with gradients that are not those of the forward that ran (the recompute did not "
+                             "use the input the forward saw): " +
+                             detail);
+  };
+  if (e.grad_defined != e.expected_grad_defined) return differs("which parameters have a gradient");
+  if (e.grads.items.size() != e.expected_grads.items.size()) return differs("another number of gradients");
+  for (size_t k = 0; k < e.expected_grads.items.size(); ++k) {
+    const NamedArray& x = e.expected_grads.items[k];
+    const auto r = compare_values({x.name + ".grad", x.shape, {}}, e.grads.items[k].data, x.data, tol);
+    if (!r.ok()) return differs(r.message());
+  }
+  if (e.dx.size() != e.expected_dx.size()) return differs("x.grad defined in one run only");
+  if (const auto r = compare_values({"x.grad", {}, {}}, e.dx, e.expected_dx, tol); !r.ok()) return differs(r.message());
+  return Finding::pass(kName,
+                       "backward completed with the gradients of the forward that ran (the implementation recomputes "
+                       "from its own copy of the input)");
 }
 }  // namespace
 
 Property refuses_inplace_property() {
-  return {kName, "a checkpointed segment's input modified in place before backward makes backward fail, not recompute",
+  return {kName,
+          "a checkpointed segment's input modified in place before backward makes backward fail, or backward yields "
+          "the gradients of the forward that ran (a recompute from the implementation's own copy); never a recompute "
+          "from the new value",
           judge};
 }
 

@@ -222,6 +222,35 @@ TEST(MemorySaved, HoldsForAnImplementationThatCopiesInputsAndKeepsStatePerCall) 
   }
 }
 
+// refuses-inplace on a correct design that is not a version check: an implementation that recomputes
+// from its own copy of each input (a clone per call, as offloading or partitioning checkpoints hold) is
+// unaffected by the in-place change and yields the gradients of the forward it ran; it must pass, and the
+// no-version-check fault (which recomputes from the changed input) must still fail, on the same Cases.
+TEST(RefusesInplace, AcceptsARecomputeFromItsOwnCopyAndStillKillsTheNewValue) {
+  class CloneEveryCall : public CheckpointImpl {
+   public:
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      std::vector<c10::IValue> copies(call.args.begin(), call.args.end());
+      for (auto& a : copies)
+        if (a.isTensor() && a.toTensor().defined() && a.toTensor().is_floating_point()) a = a.toTensor().clone();
+      return checkpoint(call.fn, std::move(copies));
+    }
+  };
+  auto broken = make_impl("no-version-check");
+  for (const char* keys : {"inplace=true", "inplace=true plan=every2 prec=bf16", "inplace=true micro=2 sched=ffbb",
+                           "inplace=true plan=seg2 gp=0.1", "inplace=true plan=ffn input=frozen"}) {
+    CloneEveryCall impl;
+    const auto fs = check_case(demo_case(keys, "builtin"), impl);
+    EXPECT_EQ(failures(fs), "") << keys;
+    const Finding& f = finding(fs, "refuses-inplace");
+    EXPECT_TRUE(f.applicable) << keys;
+    EXPECT_NE(f.detail.find("own copy"), std::string::npos) << keys << ": " << f.detail;
+    const Finding& g = finding(check_case(demo_case(keys, "no-version-check"), *broken), "refuses-inplace");
+    EXPECT_TRUE(g.failed()) << keys << ": no-version-check survived";
+    EXPECT_NE(g.detail.find("not those of the forward that ran"), std::string::npos) << keys << ": " << g.detail;
+  }
+}
+
 // ---- side effects ----
 
 // The builtin applies every recompute-aware effect once per forward, with every plan shape, both

@@ -51,19 +51,24 @@ report::LinePlot amp_error_plot(const std::vector<AmpRow>& rows, const std::stri
 }
 
 std::string bench_table(const BenchResult& r) {
-  std::string s = fmt::format("{:<8} {:>10} {:>8} {:>10} {:>10} {:>11} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10} {:>8} {:>9}\n",
-                              "plan", "peak MiB", "saving", "kept MiB", "step ms", "(spread)", "fwd ms", "bwd ms",
-                              "opt ms", "overhead", "bound", "tokens/s", "save/ovh", "loss dev");
+  size_t w = 8;  // the plan column fits strategy labels too
+  bool verified = false;
+  for (const PlanBench& p : r.plans) w = std::max(w, p.plan.size()), verified |= !p.verified.empty();
+  std::string s = fmt::format("{:<{}} {:>10} {:>8} {:>10} {:>10} {:>11} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10} {:>8} {:>9}{}\n",
+                              "plan", w, "peak MiB", "saving", "kept MiB", "step ms", "(spread)", "fwd ms", "bwd ms",
+                              "opt ms", "overhead", "bound", "tokens/s", "save/ovh", "loss dev",
+                              verified ? "  verified" : "");
   for (const PlanBench& p : r.plans) {
     if (!p.completed) {
-      s += fmt::format("{:<8} FAILED: {}\n", p.plan, p.error);
+      s += fmt::format("{:<{}} FAILED: {}\n", p.plan, w, p.error);
       continue;
     }
-    s += fmt::format("{:<8} {:>10.1f} {:>8} {:>10.1f} {:>10.1f} {:>11} {:>8.1f} {:>8.1f} {:>8.1f} {:>9} {:>7} {:>10.0f} {:>8} {:>9.1e}\n",
-                     p.plan, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s,
+    s += fmt::format("{:<{}} {:>10.1f} {:>8} {:>10.1f} {:>10.1f} {:>11} {:>8.1f} {:>8.1f} {:>8.1f} {:>9} {:>7} {:>10.0f} {:>8} {:>9.1e}{}\n",
+                     p.plan, w, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s,
                      fmt::format("({:.0f}%)", 100.0 * p.spread), 1e3 * p.forward_s, 1e3 * p.backward_s,
                      1e3 * p.optimizer_s, p.plan == "none" ? "-" : pct(p.overhead), bound_text(p), p.tokens_per_s,
-                     ratio_text(p, r), p.loss_divergence);
+                     ratio_text(p, r), p.loss_divergence,
+                     verified ? "  " + (p.verified.empty() ? std::string("-") : p.verified) : "");
     if (p.budget_batch > 0)
       s += fmt::format("{:<8}   within the budget: batch {} (peak {:.1f} MiB) at {:.0f} tokens/s\n", "",
                        p.budget_batch, mib(p.budget_peak), p.budget_tokens_per_s);
@@ -87,6 +92,7 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
   json plans = json::array();
   for (const PlanBench& p : r.plans) {
     json j{{"plan", p.plan}, {"completed", p.completed}};
+    if (!p.verified.empty()) j["verified"] = p.verified;
     if (!p.completed) {
       j["error"] = p.error;
     } else {
@@ -239,17 +245,19 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
         "over the repeats (spread = (max - min) / median). Overhead: step time against `none`; bound: "
         "T_fwd(recomputed units) / (T_fwd + T_bwd) measured on `none`. save/ovh: memory saving per unit of time "
         "overhead (free: none measured; ~: the overhead is within the timing spread, so the ratio is noise-bound). loss dev: largest relative deviation of the plan's loss curve from `none`'s.\n\n";
+  md += "verified: the gate's verdict on generated Cases with the plan or strategy (`--verify-cases`).\n\n";
   md += "| plan | peak MiB | saving | kept MiB | step ms | spread | fwd ms | bwd ms | opt ms | overhead | bound | tokens/s | "
-        "save/ovh | loss dev |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "save/ovh | loss dev | verified |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const PlanBench& p : r.plans) {
     if (!p.completed) {
-      md += fmt::format("| {} | FAILED: {} |||||||||||||\n", p.plan, p.error);
+      md += fmt::format("| {} | FAILED: {} ||||||||||||||\n", p.plan, p.error);
       continue;
     }
-    md += fmt::format("| {} | {:.1f} | {} | {:.1f} | {:.1f} | {:.0f}% | {:.1f} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {} | {:.1e} |\n",
+    md += fmt::format("| {} | {:.1f} | {} | {:.1f} | {:.1f} | {:.0f}% | {:.1f} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {} | {:.1e} | {} |\n",
                       p.plan, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s, 100.0 * p.spread,
                       1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s, p.plan == "none" ? "-" : pct(p.overhead),
-                      bound_text(p), p.tokens_per_s, ratio_text(p, r), p.loss_divergence);
+                      bound_text(p), p.tokens_per_s, ratio_text(p, r), p.loss_divergence,
+                      p.verified.empty() ? "-" : p.verified);
   }
   bool budget = false;
   for (const PlanBench& p : r.plans) budget |= p.budget_batch > 0;

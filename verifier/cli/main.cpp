@@ -134,10 +134,33 @@ GateOptions gate_options(int jobs, double case_timeout, const std::string& shard
   return g;
 }
 
+// The implementation spec of `check --strategy SPEC`: a Python function in the bridge's strategy
+// convention (FUNC(blocks, x, **options)), or a C++ plugin whose implementation is a strategy.
+std::string strategy_spec(const std::string& spec) {
+  if (spec.empty()) throw UsageError("--strategy needs a spec: py:MODULE:FUNC[:key=value,...] or PATH.so[:...]");
+  if (spec_kind(spec) == SpecKind::python) {
+    if (spec.find("@convention=") != std::string::npos)
+      throw UsageError("--strategy " + sanitize(spec, 200) + ": the spec sets @convention itself");
+    const size_t first = spec.find(':', 3);
+    const bool has_options = first != std::string::npos && spec.find(':', first + 1) != std::string::npos;
+    if (spec.back() == ':') return spec + "@convention=strategy";
+    return spec + (has_options ? ",@convention=strategy" : ":@convention=strategy");
+  }
+  if (spec_kind(spec) != SpecKind::plugin)
+    throw UsageError("--strategy " + sanitize(spec, 200) + ": expected py:MODULE:FUNC[:key=value,...] or a plugin PATH.so");
+  return spec;
+}
+
 int cmd_check(std::string impl_name, const std::string& plan_text, int cases, uint64_t seed, double budget,
               const Outputs& out, const std::string& repro_path, const std::string& device, const GateOptions& g,
-              const std::vector<std::string>& only) {
+              const std::vector<std::string>& only, const std::string& strategy) {
   SearchOptions o;
+  if (!strategy.empty()) {
+    if (impl_name != "builtin") throw UsageError("--strategy and --impl are exclusive: a strategy chooses its checkpoint");
+    if (!plan_text.empty()) throw UsageError("--strategy and --plan are exclusive: the strategy decides what to checkpoint");
+    impl_name = strategy_spec(strategy);
+    o.gen.strategy = true;
+  }
   std::set<std::string> only_keys;
   for (const auto& w : only) {
     const std::string key = w.substr(0, w.find('='));
@@ -149,9 +172,13 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
       throw UsageError("--only: " + std::string(e.what()));
     }
     if (!only_keys.insert(key).second) throw UsageError("--only " + sanitize(key) + " is given twice");
+    if (!strategy.empty() && (w == "tie=head" || w == "segio=multi"))
+      throw UsageError("--only " + sanitize(w) + ": a strategy is gated on Cases whose blocks are whole units "
+                       "(segio=single, tie=none or blocks)");
     o.gen.only += (o.gen.only.empty() ? "" : " ") + w;
   }
   o.gen.device = device;
+  if (o.gen.strategy) o.gen.plan = Plan{PlanKind::every_block, 0};
   if (!plan_text.empty()) {
     Plan p;
     std::string err;
@@ -168,6 +195,9 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
     check_impl_spec(impl_name);
   }
   o.gen.impl = impl_name;
+  if (o.gen.strategy && !make_impl(impl_name)->is_strategy())
+    throw UsageError("--strategy " + sanitize(strategy, 200) + ": the plugin's implementation is not a strategy "
+                     "(CheckpointImpl::is_strategy)");
   if (const std::string why = unobservable_here(impl_info(impl_name), device); !why.empty())
     throw EnvironmentError(why);
   std::vector<std::pair<std::string, std::string>> paths = out.paths();
@@ -183,7 +213,8 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   g.apply(o);
   if (g.shard_index >= cases) throw UsageError("--shard: shard " + std::to_string(g.shard_index + 1) + " of --cases " + std::to_string(cases) + " has no case");
 
-  std::cout << "ckverify check: impl=" << impl_name << " plan=" << (plan_text.empty() ? "any" : plan_text)
+  std::cout << "ckverify check: " << (o.gen.strategy ? "strategy=" + strategy : "impl=" + impl_name)
+            << " plan=" << (o.gen.strategy ? "strategy's" : plan_text.empty() ? "any" : plan_text)
             << (o.gen.only.empty() ? "" : " only=\"" + o.gen.only + "\"") << " cases=" << cases << " seed=" << seed << " device=" << device
             << (g.shard_count > 1 ? fmt::format(" shard={}/{}", g.shard_index + 1, g.shard_count) : "")
             << " workers=" << g.jobs << std::endl;
@@ -192,7 +223,7 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   report::Report r;
   r.command = "check";
   r.impl = impl_name;
-  r.plan = plan_text.empty() ? "any" : plan_text;
+  r.plan = o.gen.strategy ? "strategy" : plan_text.empty() ? "any" : plan_text;
   r.only = o.gen.only;
   r.device = device;
   r.seed = seed;
@@ -398,6 +429,19 @@ int cmd_list() {
       std::cout << "  [fault; killed by " << i.killed_by << "; shows with " << i.exposed_by << "]";
     std::cout << "\n      " << i.what << "\n";
   }
+  std::cout << "\nSpecs for other implementations (--impl) and strategies (--strategy):\n"
+               "  PATH.so[:key=value,...]\n"
+               "      a C++ plugin built against <ckverify/plugin.hpp>; a strategy when it overrides is_strategy()\n"
+               "  py:MODULE:CALLABLE[:key=value,...]\n"
+               "      a Python callable; values typed (true/false, none, numbers, JSON [..] {..} \"..\", else strings);\n"
+               "      keys starting with @ are ckverify's:\n"
+               "      @convention=function  CALLABLE(segment, *ARGS, *segment_args, **options) (default)\n"
+               "      @convention=wrapper   CALLABLE(segment, **options) -> module, called as module(*segment_args)\n"
+               "      @convention=strategy  CALLABLE(blocks, x, **options) -> output (what --strategy sets)\n"
+               "      @args=[...]           ARGS: positional arguments between the function and the segment's\n"
+               "      segment: a ckverify.Segment (nn.Module; parameters(), index, step, micro); blocks: a\n"
+               "      ckverify.Blocks (nn.ModuleList of them). Shipped adapters: py:ckverify.adapters:torch_checkpoint,\n"
+               "      py:ckverify.adapters:selective:ops=[...]\n";
   std::cout << "\nCase fields (line form key=value; JSON uses the same keys):\n";
   for (const auto& f : case_field_infos())
     std::cout << "  " << f.key << "=" << f.values << "\n      " << f.help << "\n";
@@ -606,7 +650,35 @@ struct BenchArgs {
   int warmup = 1, repeats = 5, threads = 0;
   bool growth = false, amp = false;
   std::string command;
+  std::vector<std::string> strategies;  // --strategy SPEC, measured beside the plans
+  int verify_cases = 30;                // the gate's verdict per plan and strategy (0: none)
+  std::vector<std::string> only;        // Case fields the verification fixes
 };
+
+Plan parsed_plan(const std::string& text) {
+  Plan p;
+  std::string err;
+  if (!Plan::parse(text, p, err)) throw std::logic_error("bench: plan " + text + ": " + err);
+  return p;
+}
+
+// The gate's verdict on one bench entry: `cases` generated Cases (small: the generator's, not the
+// bench Case) with the plan or the strategy, in this process.
+std::string bench_verdict(const std::string& impl, const std::optional<Plan>& plan, bool strategy, int cases,
+                          const std::string& only) {
+  SearchOptions so;
+  so.gen.impl = impl;
+  so.gen.plan = strategy ? std::optional<Plan>(Plan{PlanKind::every_block, 0}) : plan;
+  so.gen.strategy = strategy;
+  so.gen.only = only;
+  so.cases = cases;
+  so.seed = 1;
+  so.budget_s = 300;
+  so.max_shrink_runs = 200;
+  const SearchResult s = search(so);
+  if (!s.property.empty()) return "FAILED " + s.property;
+  return fmt::format("held ({}{})", s.ran, s.budget_hit ? ", budget" : "");
+}
 
 // Per-plan cost of one Case (verifier/run/bench.hpp): memory, time, overhead, tokens/s, loss curves.
 int cmd_bench(BenchArgs a) {
@@ -645,6 +717,27 @@ int cmd_bench(BenchArgs a) {
   c.impl = a.impl;
   check_impl_spec(a.impl);
   validate(c);
+  if (a.verify_cases < 0 || a.verify_cases > 100000) throw UsageError("--verify-cases must be in [0, 100000]");
+  std::string only;
+  for (const auto& w : a.only) {
+    try {
+      case_from_line(w);
+    } catch (const CaseError& e) {
+      throw UsageError("--only: " + std::string(e.what()));
+    }
+    only += (only.empty() ? "" : " ") + w;
+  }
+  std::vector<std::pair<std::string, std::string>> strategies;  // label, impl spec
+  for (const auto& s : a.strategies) {
+    const std::string spec = strategy_spec(s);
+    check_impl_spec(spec);
+    if (!make_impl(spec)->is_strategy())
+      throw UsageError("--strategy " + sanitize(s, 200) + ": the plugin's implementation is not a strategy");
+    std::string label = s.rfind("py:", 0) == 0 ? s.substr(3) : std::filesystem::path(s).filename().string();
+    for (const auto& [l, _] : strategies)
+      if (l == label) throw UsageError("--strategy " + sanitize(s, 200) + " is given twice");
+    strategies.emplace_back(label, spec);
+  }
   std::vector<Plan> plans;
   if (!a.plans.empty()) {
     std::stringstream ss(a.plans);
@@ -687,12 +780,26 @@ int cmd_bench(BenchArgs a) {
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   BenchOptions o;
   o.warmup = a.warmup, o.repeats = a.repeats, o.memory_budget = budget, o.growth = a.growth;
+  for (const auto& [label, spec] : strategies)
+    o.strategies.push_back({label, [spec = spec] { return make_impl(spec); }});
   const bool tty = ::isatty(STDERR_FILENO);
   o.progress = [tty](const std::string& s) {
     if (tty) std::cerr << "\r\033[K" << s << std::flush;
   };
   const auto t0 = std::chrono::steady_clock::now();
-  const BenchResult r = run_bench(c, plans, [impl = a.impl] { return make_impl(impl); }, o);
+  BenchResult r = run_bench(c, plans, [impl = a.impl] { return make_impl(impl); }, o);
+  if (a.verify_cases > 0) {
+    // Correctness beside cost: the gate on every plan (with --impl) and every strategy.
+    torch::set_num_threads(1);
+    for (PlanBench& p : r.plans) {
+      if (p.plan == "none") continue;
+      o.progress("verifying " + p.plan);
+      const auto st = std::find_if(strategies.begin(), strategies.end(), [&](const auto& e) { return e.first == p.plan; });
+      p.verified = st != strategies.end() ? bench_verdict(st->second, std::nullopt, true, a.verify_cases, only)
+                                          : bench_verdict(a.impl, parsed_plan(p.plan), false, a.verify_cases, only);
+    }
+    torch::set_num_threads(threads);
+  }
   std::optional<AmpAudit> amp;
   if (a.amp) {
     o.progress("AMP audit");
@@ -720,6 +827,8 @@ int cmd_bench(BenchArgs a) {
   std::vector<std::string> failed;
   for (const PlanBench& p : r.plans)
     if (!p.completed) failed.push_back(p.plan + ": " + p.error);
+  for (const PlanBench& p : r.plans)
+    if (p.verified.rfind("FAILED", 0) == 0) failed.push_back(p.plan + ": the gate " + p.verified);
   if (!failed.empty()) {
     std::cout << "FAIL: plan " << failed.front() << std::endl;
     return kExitFailed;
@@ -786,6 +895,12 @@ int main(int argc, char** argv) {
   double case_timeout = 120;
   std::string shard;
   std::vector<std::string> only;
+  std::string strategy;
+  check->add_option("--strategy", strategy,
+                    "Gate checkpointing strategy code instead of a checkpoint function: py:MODULE:FUNC[:key=value,...] "
+                    "called as FUNC(blocks, x, **options) with the Case's blocks as an nn.ModuleList (it decides which "
+                    "blocks to checkpoint, with any checkpoint function), or a plugin PATH.so whose implementation "
+                    "is a strategy; every property judges the effective plan it produced");
   check->add_option("--only", only,
                     "KEY=VALUE: every generated case takes this Case field as given (repeatable; e.g. --only fx=none "
                     "to gate an implementation that does not follow the recompute contract of segment_scope.hpp)");
@@ -886,6 +1001,12 @@ int main(int argc, char** argv) {
   bench->add_option("--preset", ba.preset, "seed-lab: seed 001's 20-layer lab and its 14 plans (D=256 on CPU, the seed's D=2048, B=2, S=2048 on CUDA)");
   bench->add_option("--plans", ba.plans, std::string("Comma list of plans (") + kPlanSpellings + "); none is always included");
   bench->add_option("--impl", ba.impl, "Implementation doing the checkpointing")->capture_default_str();
+  bench->add_option("--strategy", ba.strategies,
+                    "A checkpointing strategy to measure beside the plans (repeatable; as for check --strategy)");
+  bench->add_option("--verify-cases", ba.verify_cases,
+                    "Generated Cases the gate runs on every plan and strategy for the verified column (0: none)")
+      ->capture_default_str();
+  bench->add_option("--only", ba.only, "KEY=VALUE: a Case field the verification fixes (repeatable, as for check)");
   bench->add_option("--device", ba.device, "Device: cpu, cuda or cuda:N")->capture_default_str();
   bench->add_option("--warmup", ba.warmup, "Steps run before timing")->capture_default_str();
   bench->add_option("--repeats", ba.repeats, "Timed steps (medians over them)")->capture_default_str();
@@ -925,7 +1046,7 @@ int main(int argc, char** argv) {
     if (*worker) return worker_main(worker_impl, worker_threads);
     if (*check)
       return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device, gate_options(jobs, case_timeout, shard),
-                       only);
+                       only, strategy);
     if (*repro) return cmd_repro(case_path, outs, gate_options(1, case_timeout, "").case_timeout_s);
     if (*faults)
       return cmd_faults(fault_cases, seed, fault_budget, json_path, device, gate_options(jobs, case_timeout, ""),

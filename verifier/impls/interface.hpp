@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,8 @@
 
 namespace ckv {
 
-inline constexpr int kImplInterfaceVersion = 1;
+// 2: strategies (is_strategy, run_stack).
+inline constexpr int kImplInterfaceVersion = 2;
 
 struct SegmentCall {
   SegmentFunction fn;
@@ -32,6 +34,15 @@ struct SegmentCall {
   int micro = 0;    // micro-batch within the step
 };
 
+// The block stack of one micro-batch's forward, handed to a strategy (is_strategy()): one SegmentCall
+// per block, in order (fn(h) -> {h}; `segment` is the block's index), and the stack's input.
+struct StackCall {
+  std::vector<SegmentCall> blocks;
+  torch::Tensor x;
+  int step = 0;
+  int micro = 0;
+};
+
 class CheckpointImpl {
  public:
   virtual ~CheckpointImpl() = default;
@@ -41,6 +52,14 @@ class CheckpointImpl {
   // Step boundaries: before the first forward of a step, and after its optimizer update.
   virtual void begin_step(int /*step*/) {}
   virtual void end_step(int /*step*/) {}
+  // A strategy decides itself which blocks to checkpoint, and how: the run stage then hands it the
+  // whole block stack (run_stack) instead of each checkpointed segment of the Case's plan (run). It
+  // returns the stack's output, with a graph to every block's parameters and to x. Only Cases whose
+  // blocks are whole units (plan=block, segio=single, no tied input projection) run a strategy.
+  virtual bool is_strategy() const { return false; }
+  virtual torch::Tensor run_stack(const StackCall& /*call*/) {
+    throw std::logic_error("run_stack called on an implementation that is not a strategy");
+  }
 };
 
 }  // namespace ckv

@@ -36,9 +36,35 @@ ImplSpec parse_spec(const std::string& spec) {
     s.target = spec.substr(0, a);
     if (a != std::string::npos) rest = spec.substr(a + 1);
   }
+  // The comma that ends an option, skipping those inside a JSON value ([...], {...}, "...").
+  const bool json_values = spec_kind(spec) == SpecKind::python;  // a plugin's values are plain strings
+  auto next_comma = [&](size_t from) {
+    if (!json_values) return std::min(rest.find(',', from), rest.size());
+    int depth = 0;
+    bool quoted = false;
+    for (size_t i = from; i < rest.size(); ++i) {
+      const char ch = rest[i];
+      if (quoted) {
+        if (ch == '\\') ++i;
+        else if (ch == '"') quoted = false;
+      } else if (ch == '"') {
+        quoted = true;
+      } else if (ch == '[' || ch == '{') {
+        ++depth;
+      } else if ((ch == ']' || ch == '}') && depth > 0) {
+        --depth;
+      } else if (ch == ',' && depth == 0) {
+        return i;
+      }
+    }
+    if (quoted || depth != 0)
+      throw std::invalid_argument("--impl " + sanitize(spec, 200) + ": an option value has an unclosed " +
+                                  (quoted ? "quote" : "bracket"));
+    return rest.size();
+  };
   size_t pos = 0;
   while (!rest.empty() && pos <= rest.size()) {
-    const size_t comma = std::min(rest.find(',', pos), rest.size());
+    const size_t comma = next_comma(pos);
     const std::string item = rest.substr(pos, comma - pos);
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0)

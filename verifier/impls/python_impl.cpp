@@ -9,31 +9,72 @@
 // Python driver process calling ckverify through bindings, would have needed Python bindings for the
 // whole run stage and a second way to run every Case; this keeps one run stage for every implementation.
 //
-// A segment call becomes CALLABLE(segment, *args, **options): `segment` is a Python callable over the
-// same positional arguments (tensors as torch.Tensor, ints, floats, bools, None) that runs the Case's
-// segment and returns a tensor (one output) or a tuple of tensors; options are typed (true/false, ints,
-// floats, none, else strings). CALLABLE returns what segment returned. The GIL is held only while Python
-// runs: it is released around the segment itself and everywhere else, so autograd's threads can run
-// Python hooks (torch's saved-tensor unpack hooks, the reentrant CheckpointFunction.backward) during
-// the Case's backward. Python modules are found on the torch wheel's site-packages (fixed at build
-// time) and on PYTHONPATH.
+// The spec's calling convention, option typing and up-front signature checks live in Python
+// (python/ckverify/_bridge.py, documented there): the bridge hands each segment call to the runner it
+// returns, as runner(fn, params, segment_index, step, micro, args). fn is a Python callable over the same
+// positional arguments (tensors as torch.Tensor, ints, floats, bools, None) that runs the Case's segment
+// and returns a tensor (one output) or a tuple of tensors. The GIL is held only while Python runs: it is
+// released around the segment itself and everywhere else, so autograd's threads can run Python hooks
+// (torch's saved-tensor unpack hooks, the reentrant CheckpointFunction.backward) during the Case's
+// backward. The embedded module _ckverify_native gives Python the recompute flag (SegmentScope).
+// Python modules are found on the torch wheel's site-packages (fixed at build time), ckverify's own
+// package (python/, or share/ckverify/python beside an installed ckverify) and PYTHONPATH.
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/embed.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 
 #include "verifier/case/case.hpp"
+#include "verifier/checkpoint/segment_scope.hpp"
 #include "verifier/impls/loader.hpp"
 
 namespace py = pybind11;
 
+namespace {
+// One recompute scope opened from Python (ckverify.segment_scope): closed explicitly, in LIFO order.
+class PyScope {
+ public:
+  PyScope(std::shared_ptr<ckv::SegmentState> state, bool recomputing) : state_(std::move(state)) {
+    scope_.emplace(*state_, recomputing);
+  }
+  void close() { scope_.reset(); }
+
+ private:
+  std::shared_ptr<ckv::SegmentState> state_;
+  std::optional<ckv::SegmentScope> scope_;
+};
+}  // namespace
+
+PYBIND11_EMBEDDED_MODULE(_ckverify_native, m) {
+  py::class_<ckv::SegmentState, std::shared_ptr<ckv::SegmentState>>(m, "SegmentState").def(py::init<>());
+  py::class_<PyScope>(m, "Scope")
+      .def(py::init<std::shared_ptr<ckv::SegmentState>, bool>())
+      .def("close", &PyScope::close);
+  m.def("is_recomputing", [] { return ckv::is_recomputing(); });
+}
+
 namespace ckv {
 namespace {
+
+// ckverify's Python package: beside an installed ckverify (share/ckverify/python), else the source tree's.
+std::string python_package_dir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto installed = exe.parent_path().parent_path() / "share" / "ckverify" / "python";
+    if (std::filesystem::exists(installed / "ckverify" / "__init__.py", ec)) return installed.string();
+  }
+  return CKV_PYTHON_PKG;
+}
 
 // One interpreter per process, started on first use and never finalized (torch does not support it);
 // the GIL is released once it is up.
@@ -44,9 +85,11 @@ void ensure_interpreter() {
     {
       py::module_ sys = py::module_::import("sys");
       py::list path = sys.attr("path");
+      path.insert(0, python_package_dir());
       path.insert(0, std::string(CKV_PYTHON_SITE));
       // torch warns once that NumPy is missing; ckverify passes no arrays, and the warning is noise.
-      py::module_::import("warnings").attr("filterwarnings")("ignore", py::arg("message") = "Failed to initialize NumPy");
+      py::module_::import("warnings")
+          .attr("filterwarnings")("ignore", py::arg("message") = "Failed to initialize NumPy");
       py::module_::import("torch");  // binds torch._C to this process's libtorch
     }
     PyEval_SaveThread();
@@ -57,20 +100,6 @@ std::string py_error(const py::error_already_set& e) {
   std::string s = e.what();
   const size_t nl = s.find('\n');
   return sanitize(nl == std::string::npos ? s : s.substr(0, nl), 300);
-}
-
-py::object typed(const std::string& v) {
-  if (v == "true" || v == "True") return py::bool_(true);
-  if (v == "false" || v == "False") return py::bool_(false);
-  if (v == "none" || v == "None") return py::none();
-  char* end = nullptr;
-  errno = 0;
-  const long long i = std::strtoll(v.c_str(), &end, 10);
-  if (!v.empty() && *end == '\0' && errno == 0) return py::int_(i);
-  errno = 0;
-  const double d = std::strtod(v.c_str(), &end);
-  if (!v.empty() && *end == '\0' && errno == 0) return py::float_(d);
-  return py::str(v);
 }
 
 py::object to_py(const c10::IValue& v) {
@@ -88,41 +117,65 @@ c10::IValue from_py(const py::handle& h) {
   if (py::isinstance<py::bool_>(h)) return c10::IValue(h.cast<bool>());
   if (py::isinstance<py::int_>(h)) return c10::IValue(h.cast<int64_t>());
   if (py::isinstance<py::float_>(h)) return c10::IValue(h.cast<double>());
-  throw std::invalid_argument("the segment was called with an argument that is not a tensor, int, float, bool or None: " +
-                              std::string(py::str(h.get_type())));
+  throw std::invalid_argument(
+      "the segment was called with an argument that is not a tensor, int, float, bool or None: " +
+      std::string(py::str(h.get_type())));
+}
+
+// The Python callable that runs a segment function (called with the GIL held; releases it inside).
+py::object segment_callable(const SegmentFunction& seg) {
+  py::cpp_function segment([seg](py::args a, py::kwargs kw) -> py::object {
+    if (kw.size() > 0) {
+      std::string names;
+      for (const auto& item : kw) names += (names.empty() ? "" : ", ") + std::string(py::str(item.first));
+      throw py::type_error("the segment takes positional arguments only; it was called with keyword argument(s) " +
+                           names + " (an --impl option the callable passed on to the segment?)");
+    }
+    std::vector<c10::IValue> args;
+    for (const auto& h : a) args.push_back(from_py(h));
+    std::vector<torch::Tensor> out;
+    try {
+      py::gil_scoped_release nogil;
+      out = seg(args);
+    } catch (python_error& e) {
+      // A Python exception raised inside the segment (by a saved-tensor hook, e.g. torch's
+      // _StopRecomputationError) goes back to Python as itself, not as a RuntimeError.
+      e.restore();
+      throw py::error_already_set();
+    }
+    if (out.size() == 1) return py::reinterpret_steal<py::object>(THPVariable_Wrap(out[0]));
+    py::tuple t(out.size());
+    for (size_t i = 0; i < out.size(); ++i) t[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(out[i]));
+    return std::move(t);
+  });
+  return std::move(segment);
 }
 
 class PythonImpl : public CheckpointImpl {
  public:
-  PythonImpl(const std::string& module, const std::string& callable, const std::map<std::string, std::string>& options) {
+  PythonImpl(const std::string& module, const std::string& callable,
+             const std::map<std::string, std::string>& options) {
     ensure_interpreter();
     py::gil_scoped_acquire gil;
-    py::object m;
+    py::dict opts;
+    for (const auto& [k, v] : options) opts[py::str(k)] = py::str(v);
     try {
-      m = py::module_::import(module.c_str());
+      py::module_ bridge = py::module_::import("ckverify._bridge");
+      try {
+        runner_ = new py::object(bridge.attr("load")(module, callable, opts));
+        is_strategy_ = py::hasattr(*runner_, "is_strategy") && runner_->attr("is_strategy").cast<bool>();
+      } catch (py::error_already_set& e) {
+        if (e.matches(bridge.attr("SpecError")))
+          throw std::invalid_argument(sanitize(std::string(py::str(e.value())), 400));
+        throw;
+      }
     } catch (const py::error_already_set& e) {
-      throw std::invalid_argument("cannot import Python module " + sanitize(module, 100) + ": " + py_error(e));
+      throw std::runtime_error("ckverify's Python bridge failed to load the spec: " + py_error(e));
     }
-    py::object f = m;
-    size_t pos = 0;  // CALLABLE may be dotted (Class.method)
-    while (pos <= callable.size()) {
-      const size_t dot = std::min(callable.find('.', pos), callable.size());
-      const std::string part = callable.substr(pos, dot - pos);
-      if (!py::hasattr(f, part.c_str()))
-        throw std::invalid_argument("Python module " + sanitize(module, 100) + " has no " + sanitize(callable, 100));
-      f = f.attr(part.c_str());
-      pos = dot + 1;
-    }
-    if (!PyCallable_Check(f.ptr()))
-      throw std::invalid_argument("Python " + sanitize(module + "." + callable, 200) + " is not callable");
-    fn_ = new py::object(f);
-    kwargs_ = new py::dict();
-    for (const auto& [k, v] : options) (*kwargs_)[py::str(k)] = typed(v);
   }
   ~PythonImpl() override {
     py::gil_scoped_acquire gil;
-    delete fn_;
-    delete kwargs_;
+    delete runner_;
   }
 
   std::vector<torch::Tensor> run(const SegmentCall& call) override {
@@ -131,37 +184,14 @@ class PythonImpl : public CheckpointImpl {
     // Python engine restores it for a Python caller; here the caller is C++, which has seen it as a C++
     // exception already). Left set, it would surface as the error of this unrelated call.
     PyErr_Clear();
-    const SegmentFunction seg = call.fn;
-    py::cpp_function segment([seg](py::args a, py::kwargs kw) -> py::object {
-      if (kw.size() > 0) {
-        std::string names;
-        for (const auto& item : kw) names += (names.empty() ? "" : ", ") + std::string(py::str(item.first));
-        throw py::type_error("the segment takes positional arguments only; it was called with keyword argument(s) " +
-                             names + " (an --impl option the callable passed on to the segment?)");
-      }
-      std::vector<c10::IValue> args;
-      for (const auto& h : a) args.push_back(from_py(h));
-      std::vector<torch::Tensor> out;
-      try {
-        py::gil_scoped_release nogil;
-        out = seg(args);
-      } catch (python_error& e) {
-        // A Python exception raised inside the segment (by a saved-tensor hook, e.g. torch's
-        // _StopRecomputationError) goes back to Python as itself, not as a RuntimeError.
-        e.restore();
-        throw py::error_already_set();
-      }
-      if (out.size() == 1) return py::reinterpret_steal<py::object>(THPVariable_Wrap(out[0]));
-      py::tuple t(out.size());
-      for (size_t i = 0; i < out.size(); ++i) t[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(out[i]));
-      return std::move(t);
-    });
-    py::tuple args(call.args.size() + 1);
-    args[0] = segment;
-    for (size_t i = 0; i < call.args.size(); ++i) args[i + 1] = to_py(call.args[i]);
+    const py::object segment = segment_callable(call.fn);
+    py::tuple args(call.args.size());
+    for (size_t i = 0; i < call.args.size(); ++i) args[i] = to_py(call.args[i]);
+    py::list params;
+    for (const auto& p : call.params) params.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
     py::object r;
     try {
-      r = (*fn_)(*args, **(*kwargs_));
+      r = (*runner_)(segment, params, call.segment, call.step, call.micro, args);
     } catch (const py::error_already_set& e) {
       throw std::runtime_error("the Python checkpoint raised " + py_error(e));
     }
@@ -180,14 +210,38 @@ class PythonImpl : public CheckpointImpl {
     return out;
   }
 
+  bool is_strategy() const override { return is_strategy_; }
+
+  torch::Tensor run_stack(const StackCall& call) override {
+    py::gil_scoped_acquire gil;
+    PyErr_Clear();
+    py::list fns, params;
+    for (const SegmentCall& b : call.blocks) {
+      fns.append(segment_callable(b.fn));
+      py::list ps;
+      for (const auto& p : b.params) ps.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
+      params.append(ps);
+    }
+    py::object r;
+    try {
+      r = (*runner_)(fns, params, call.step, call.micro, py::reinterpret_steal<py::object>(THPVariable_Wrap(call.x)));
+    } catch (const py::error_already_set& e) {
+      throw std::runtime_error("the Python strategy raised " + py_error(e));
+    }
+    if (!THPVariable_Check(r.ptr())) throw std::runtime_error("the Python strategy returned a non-tensor");
+    return THPVariable_Unpack(r.ptr());
+  }
+
  private:
-  py::object* fn_ = nullptr;  // owned; released under the GIL
-  py::dict* kwargs_ = nullptr;
+  bool is_strategy_ = false;
+  py::object* runner_ = nullptr;  // owned (ckverify._bridge's runner); released under the GIL
 };
 
 }  // namespace
 
-bool python_bridge_available() { return true; }
+bool python_bridge_available() {
+  return true;
+}
 
 std::unique_ptr<CheckpointImpl> load_python(const std::string& spec) {
   const ImplSpec s = parse_spec(spec);

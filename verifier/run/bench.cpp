@@ -264,11 +264,28 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
     cases.push_back(k);
     impls.push_back(p == Plan{} ? nullptr : make_impl());
   }
+  for (const auto& s : o.strategies) {
+    Case k = base;
+    k.plan = Plan{PlanKind::every_block, 0};
+    cases.push_back(k);
+    impls.push_back(s.make());
+  }
   const size_t total = o.growth ? 2 * o.growth_layers.size() : 0;
   size_t done = 0;
   std::vector<Measured> measured = measure_interleaved(cases, impls, o.warmup, o.progress);
   const Measured& none = measured.front();
   if (!none.bench.completed) throw std::runtime_error("bench: the run without checkpointing failed: " + none.bench.error);
+  auto compare_with_none = [&](PlanBench& b) {
+    b.saving = none.bench.total_peak > 0
+                   ? 1.0 - static_cast<double>(b.total_peak) / static_cast<double>(none.bench.total_peak)
+                   : 0.0;
+    b.overhead = none.bench.step_s > 0 ? b.step_s / none.bench.step_s - 1.0 : 0.0;
+    for (size_t s = 0; s < b.losses.size() && s < none.bench.losses.size(); ++s) {
+      const double ref = none.bench.losses[s];
+      b.loss_divergence = std::max(b.loss_divergence, std::abs(b.losses[s] - ref) / std::max(std::abs(ref), 1e-12));
+    }
+    if (!(b.loss_divergence <= kLossTolerance)) out.diverged.push_back(b.plan);
+  };
   for (const Plan& p : plans) {
     size_t idx = 0;
     while (!(order[idx] == p)) ++idx;
@@ -283,19 +300,26 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
       }
     }
     if (b.completed) {
-      b.saving = none.bench.total_peak > 0
-                     ? 1.0 - static_cast<double>(b.total_peak) / static_cast<double>(none.bench.total_peak)
-                     : 0.0;
-      b.overhead = none.bench.step_s > 0 ? b.step_s / none.bench.step_s - 1.0 : 0.0;
-      for (size_t s = 0; s < b.losses.size() && s < none.bench.losses.size(); ++s) {
-        const double ref = none.bench.losses[s];
-        b.loss_divergence = std::max(b.loss_divergence, std::abs(b.losses[s] - ref) / std::max(std::abs(ref), 1e-12));
-      }
-      if (!(b.loss_divergence <= kLossTolerance)) out.diverged.push_back(b.plan);
+      compare_with_none(b);
       if (o.memory_budget > 0) {
         if (o.progress) say(fmt::format("memory budget: {}", b.plan));
         auto impl = p == Plan{} ? nullptr : make_impl();
         budget_search(cases[idx], impl.get(), o.memory_budget, o, b);
+      }
+    }
+    out.plans.push_back(std::move(b));
+  }
+  for (size_t i = 0; i < o.strategies.size(); ++i) {
+    PlanBench b = measured[order.size() + i].bench;
+    b.plan = o.strategies[i].label;
+    b.overhead_bound = -1;  // which units it recomputes is the strategy's choice
+    if (b.completed) {
+      compare_with_none(b);
+      if (o.memory_budget > 0) {
+        say(fmt::format("memory budget: {}", b.plan));
+        auto impl = o.strategies[i].make();
+        Case k = cases[order.size() + i];
+        budget_search(k, impl.get(), o.memory_budget, o, b);
       }
     }
     out.plans.push_back(std::move(b));

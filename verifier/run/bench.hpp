@@ -31,6 +31,13 @@ struct BenchOptions {
   bool growth = false;        // also measure the growth law
   std::vector<int> growth_layers = {4, 9, 16, 25, 36};
   std::function<void(const std::string&)> progress;  // "step 2/6: every2"
+  // Strategies measured beside the plans (check --strategy): each trains the Case with plan=block, the
+  // strategy deciding what to checkpoint; labelled as given.
+  struct Strategy {
+    std::string label;
+    std::function<std::unique_ptr<CheckpointImpl>()> make;
+  };
+  std::vector<Strategy> strategies;
 };
 
 struct PlanBench {
@@ -52,6 +59,7 @@ struct PlanBench {
   int budget_batch = 0;          // largest batch within the budget (0: none fits, or no budget)
   int64_t budget_peak = 0;
   double budget_tokens_per_s = 0.0;
+  std::string verified;  // the gate's verdict on this plan or strategy (the CLI's --verify-cases); "" not run
 };
 
 struct GrowthPoint {

@@ -1,6 +1,7 @@
 // verifier/run/run.cpp: see run.hpp.
 #include "verifier/run/run.hpp"
 
+#include <fmt/format.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
@@ -11,7 +12,9 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "verifier/impls/registry.hpp"
 #include "verifier/model/model.hpp"
@@ -82,7 +85,10 @@ std::string make_temp_dir() {
   return tmpl;
 }
 
-enum class Mode { normal, throw_in_recompute, inplace_input };
+// The experiments' modes: a recompute made to throw; a segment input changed in place between forward
+// and backward; the same forward and backward with the input left alone (the gradients of the forward
+// an implementation ran, for one that recomputes from its own copy of the input).
+enum class Mode { normal, throw_in_recompute, inplace_input, inplace_reference };
 
 // One training run. The members live as long as the run: segment functions handed to the
 // implementation capture references to them.
@@ -92,6 +98,7 @@ class Trainer {
       : c_(c),
         o_(o),
         impl_(impl),
+        strategy_(impl != nullptr && impl->is_strategy()),
         mode_(mode),
         target_(target_segment),
         device_(c.device),
@@ -327,10 +334,15 @@ class Trainer {
     if (impl_) impl_->begin_step(0);
     live_.assign(1, {});
     forward(0);
+    const bool inplace = mode_ == Mode::inplace_input || mode_ == Mode::inplace_reference;
     if (mode_ == Mode::inplace_input) {
       torch::NoGradGuard no_grad;
-      live_[0].segment_inputs.at(static_cast<size_t>(target_)).add_(1.0);
-    } else {
+      // A ramp, not a constant: LayerNorm and RMSNorm are blind to a uniform shift or scale, so a
+      // recompute from add_(1)'s value could yield the very gradients of the forward that ran.
+      torch::Tensor& in = live_[0].segment_inputs.at(static_cast<size_t>(target_));
+      if (!in.defined()) throw std::runtime_error("the strategy did not run block " + std::to_string(target_));
+      in.add_(torch::linspace(0.5, 1.5, in.numel(), in.options()).reshape(in.sizes()));
+    } else if (!inplace) {
       // Move every generator on, so that a recompute that leaves the forward's state behind shows.
       torch::rand({1});
       const size_t devices = torch::cuda::is_available() ? static_cast<size_t>(torch::cuda::device_count()) : 0;
@@ -346,9 +358,14 @@ class Trainer {
       threw = true;
       msg = e.what();
     }
-    if (mode_ == Mode::inplace_input) {
+    if (inplace) {
       inplace_result.threw = threw;
       inplace_result.message = first_line(msg);
+      if (!threw) {
+        inplace_result.grads = model_.grads();
+        inplace_result.grad_defined = model_.grads_defined();
+        inplace_result.dx = live_[0].dx;
+      }
     } else {
       throw_result.after = GlobalState::current();
       throw_result.threw = threw;
@@ -462,6 +479,15 @@ class Trainer {
     const int step = step_;
     return [this, s, m, step, &seg](const std::vector<c10::IValue>& args) -> std::vector<torch::Tensor> {
       segment_calls_.push_back({step, m, static_cast<int>(s), phase_, torch::GradMode::is_enabled()});
+      // Under a strategy the run stage sees a block's input only when the block runs (the in-place
+      // experiment changes it).
+      // (Only the target's, and only in the in-place modes: holding every block's input would keep
+      // tensors alive that a checkpoint frees, and move the memory that memory-saved judges.)
+      if (strategy_ && phase_ == 0 && static_cast<int>(s) == target_ && !args.empty() && args[0].isTensor() &&
+          (mode_ == Mode::inplace_input || mode_ == Mode::inplace_reference)) {
+        auto& inputs = live_.at(static_cast<size_t>(m)).segment_inputs;
+        if (inputs.size() > s) inputs[s] = args[0].toTensor();
+      }
       if (mode_ == Mode::throw_in_recompute && static_cast<int>(s) == target_ && phase_ > 0)
         throw std::runtime_error(kPlantedFailure);
       if (c_.segio() == SegIO::single) {
@@ -502,7 +528,25 @@ class Trainer {
         compat::AutocastState::current().with(device_.type(), autocast, autocast_dtype(c_.precision)));
     torch::Tensor h = live.x, aux;
     int64_t unit = 0;
-    for (size_t s = 0; s < o_.segments.size(); ++s) {
+    if (strategy_) {
+      // The strategy gets the whole block stack and decides what to checkpoint.
+      StackCall stack;
+      stack.x = h, stack.step = step_, stack.micro = m;
+      for (size_t s = 0; s < o_.segments.size(); ++s) {
+        SegmentCall call;
+        call.fn = segment_fn(s, m);
+        call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
+        call.params = segment_params_.at(s);
+        stack.blocks.push_back(std::move(call));
+      }
+      live.segment_inputs.assign(o_.segments.size(), torch::Tensor());
+      h = impl_->run_stack(stack);
+      if (!h.defined() || h.sizes() != live.x.sizes())
+        throw std::runtime_error("the strategy returned " +
+                                 (h.defined() ? "a tensor of shape " + c10::str(h.sizes()) : std::string("no tensor")) +
+                                 " for a block stack whose input and output have shape " + c10::str(live.x.sizes()));
+    }
+    for (size_t s = 0; !strategy_ && s < o_.segments.size(); ++s) {
       const Segment& seg = o_.segments[s];
       SegmentCall call;
       call.fn = segment_fn(s, m);
@@ -605,6 +649,7 @@ class Trainer {
   const Case& c_;
   const Observations& o_;
   CheckpointImpl* impl_;
+  bool strategy_;
   Mode mode_;
   int target_;
   torch::Device device_;
@@ -664,8 +709,59 @@ Observations prepare(const Case& c) {
   return o;
 }
 
+// A strategy's Case: blocks as whole units, each its own segment, taking and returning the hidden state.
+void check_strategy_case(const Case& c) {
+  std::string need;
+  if (c.plan.kind != PlanKind::every_block)
+    need = "plan=block (one segment per block)";
+  else if (c.segio() != SegIO::single)
+    need = "segio=single (blocks over the hidden state alone)";
+  else if (c.model.tie == Tie::head)
+    need = "tie=none or tie=blocks (the tied input projection is no block)";
+  if (!need.empty())
+    throw EnvironmentError("a strategy is gated on Cases whose blocks are whole units: this Case needs " + need);
+}
+
+// What the strategy made of the block stack, read off what the run under test recomputed.
+void apply_effective_plan(Observations& o) {
+  o.strategy = true;
+  const size_t S = o.segments.size();
+  std::vector<bool> recomputed(S, false);
+  for (const auto& r : o.test.segment_calls)
+    if (r.phase > 0 && r.segment >= 0 && static_cast<size_t>(r.segment) < S)
+      recomputed[static_cast<size_t>(r.segment)] = true;
+  for (size_t s = 0; s < S; ++s) o.segments[s].checkpointed = recomputed[s];
+  // Which blocks each (step, micro-batch) recomputed: a strategy may change its plan as it goes.
+  std::map<std::pair<int, int>, std::set<int>> per_call;
+  for (const auto& r : o.test.segment_calls)
+    if (r.phase > 0) per_call[{r.step, r.micro}].insert(r.segment);
+  for (int step = 0; step < o.c.steps && !o.strategy_plan_varies; ++step)
+    for (int m = 0; m < o.c.micro; ++m)
+      if (per_call[{step, m}] != per_call[{0, 0}]) o.strategy_plan_varies = true;
+  // The checkpoints it made in step 0, micro-batch 0 (the one the experiments replay).
+  int previous = -2;
+  for (const auto& r : o.test.segment_calls) {
+    if (r.step != 0 || r.phase != 1 || r.micro != 0) continue;
+    if (o.strategy_groups.empty() || r.segment != previous + 1)
+      o.strategy_groups.push_back({r.segment, r.segment});
+    else
+      o.strategy_groups.back().second = r.segment;
+    previous = r.segment;
+  }
+  std::sort(o.strategy_groups.begin(), o.strategy_groups.end());
+}
+
 // The last checkpointed segment through which gradient flows (recomputed first in backward), or -1.
+// Under a strategy: the first block of the last checkpoint it made in step 0, micro-batch 0 (what the
+// experiments replay), so that the in-place change reaches a checkpoint's own input, not a tensor
+// inside it.
 int experiment_segment(const Observations& o) {
+  if (o.strategy) {
+    for (auto g = o.strategy_groups.rbegin(); g != o.strategy_groups.rend(); ++g)
+      if (g->first >= 0 && static_cast<size_t>(g->first) < o.grad_flows.size() && o.grad_flows[static_cast<size_t>(g->second)])
+        return g->first;
+    return -1;
+  }
   for (size_t s = o.segments.size(); s-- > 0;)
     if (o.segments[s].checkpointed && o.grad_flows[s]) return static_cast<int>(s);
   return -1;
@@ -761,6 +857,7 @@ void check_environment(const Case& c) {
 }
 
 RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options) {
+  if (impl && impl->is_strategy()) check_strategy_case(c);
   MemoryReporting reporting;
   const Observations o = prepare(c);
   Trainer t(c, o, impl, Mode::normal, -1);
@@ -777,6 +874,7 @@ RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options
 
 Observations observe(const Case& c, CheckpointImpl& impl) {
   check_environment(c);
+  if (impl.is_strategy()) check_strategy_case(c);
   Observations o = prepare(c);
   // The two runs advance in lockstep, and the baseline takes each step from the parameters the run
   // under test reached: every step is then compared on its own, even after a tolerated difference
@@ -813,10 +911,13 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
   reporting.reset();
   base.finish(o.baseline, nullptr);
   test.finish(o.test, test_error);
+  if (impl.is_strategy()) apply_effective_plan(o);
 
   const int target = experiment_segment(o);
   if (target < 0) {
-    o.throw_exp.why_not = o.inplace_exp.why_not = "no checkpointed segment has gradient flowing through it";
+    o.throw_exp.why_not = o.inplace_exp.why_not =
+        o.strategy ? "the strategy checkpointed no block with gradient flowing through it in step 0, micro-batch 0"
+                   : "no checkpointed segment has gradient flowing through it";
   } else {
     try {
       Trainer t(c, o, &impl, Mode::throw_in_recompute, target);
@@ -832,6 +933,22 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
         t.experiment();
         o.inplace_exp = t.inplace_result;
         o.inplace_exp.ran = true, o.inplace_exp.segment = target;
+        if (!o.inplace_exp.threw) {
+          // Backward went through: correct only if the implementation recomputed from its own copy of
+          // the input, i.e. its gradients are those of the forward it ran (the input left alone).
+          try {
+            Trainer r(c, o, &impl, Mode::inplace_reference, target);
+            r.experiment();
+            o.inplace_exp.reference_ran = !r.inplace_result.threw;
+            o.inplace_exp.reference_error = r.inplace_result.message;
+            o.inplace_exp.expected_grads = std::move(r.inplace_result.grads);
+            o.inplace_exp.expected_grad_defined = std::move(r.inplace_result.grad_defined);
+            o.inplace_exp.expected_dx = std::move(r.inplace_result.dx);
+          } catch (const std::exception& e) {
+            o.inplace_exp.reference_ran = false;
+            o.inplace_exp.reference_error = "its forward failed: " + first_line(e.what());
+          }
+        }
       } catch (const std::exception& e) {
         o.inplace_exp.why_not = "its forward failed: " + first_line(e.what());
       }
@@ -891,6 +1008,7 @@ struct TrainingRun::Impl {
 
 TrainingRun::TrainingRun(const Case& c, CheckpointImpl* impl) : impl_(std::make_unique<Impl>()) {
   check_environment(c);
+  if (impl && impl->is_strategy()) check_strategy_case(c);
   impl_->o = prepare(c);
   impl_->t = std::make_unique<Trainer>(impl_->o.c, impl_->o, impl, Mode::normal, -1);
 }
@@ -927,6 +1045,21 @@ std::string TrainingRun::digest() const {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+std::string describe_effective_plan(const Observations& o) {
+  auto span = [](int a, int b) { return a == b ? std::to_string(a) : fmt::format("{}..{}", a, b); };
+  std::string ck, plain;
+  if (o.strategy && !o.strategy_groups.empty()) {
+    for (const auto& [a, b] : o.strategy_groups) ck += (ck.empty() ? "" : ", ") + span(a, b);
+  } else {
+    for (size_t s = 0; s < o.segments.size(); ++s)
+      if (o.segments[s].checkpointed) ck += (ck.empty() ? "" : ", ") + std::to_string(s);
+  }
+  for (size_t s = 0; s < o.segments.size(); ++s)
+    if (!o.segments[s].checkpointed) plain += (plain.empty() ? "" : ", ") + std::to_string(s);
+  if (ck.empty()) return "no block checkpointed";
+  return "block(s) " + ck + " checkpointed" + (plain.empty() ? "" : "; " + plain + " plain");
 }
 
 }  // namespace ckv

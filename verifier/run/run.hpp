@@ -150,6 +150,16 @@ struct InplaceExperiment {
   int segment = -1;
   bool threw = false;
   std::string message;
+  // When backward completed: its gradients (parameters, x), and those of the same forward and backward
+  // with the input left alone (a second run; reference_ran false when that one threw).
+  ParamSet grads;
+  std::vector<bool> grad_defined;
+  std::vector<double> dx;
+  bool reference_ran = false;
+  std::string reference_error;
+  ParamSet expected_grads;
+  std::vector<bool> expected_grad_defined;
+  std::vector<double> expected_dx;
 };
 
 // The run under test saved to a state file after c.resume micro-batches, loaded into a freshly built
@@ -176,7 +186,17 @@ struct Observations {
   ThrowExperiment throw_exp;
   InplaceExperiment inplace_exp;
   ResumeExperiment resume_exp;
+  // A strategy (CheckpointImpl::is_strategy) chose what to checkpoint: `segments` (one per block) then
+  // holds the effective plan, a block counting as checkpointed when the run under test recomputed it,
+  // and `strategy_groups` the checkpoints the strategy made, as [first, last] blocks recomputed together
+  // (read off step 0, micro-batch 0's first backward pass).
+  bool strategy = false;
+  std::vector<std::pair<int, int>> strategy_groups;
+  bool strategy_plan_varies = false;  // other blocks recomputed in another step or micro-batch
 };
+
+// "blocks 0..4, 5..9 checkpointed; 10, 11 plain": the effective plan of a strategy Case.
+std::string describe_effective_plan(const Observations& o);
 
 // Runs everything. Throws EnvironmentError (check_environment, or the baseline itself runs out of
 // memory) and std::runtime_error when the baseline fails otherwise (a ckverify bug, never a finding).

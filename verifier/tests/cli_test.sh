@@ -53,6 +53,7 @@ expect 2 "the same file for two outputs" -- "$ck" check --cases 5 --json same.js
 [ ! -e same.json ] || bad "wrote an output of a refused run"
 ls .ckverify-* >/dev/null 2>&1 && bad "temporary files left"
 if ! "$ck" list | grep -q "cpu-rng-only" || ! "$ck" list | grep -q "^  inplace=true|false"; then bad "list"; fi
+"$ck" list | grep -q "@convention=strategy" || bad "list does not show the spec conventions"
 
 # A case this machine cannot run is bad input, never the implementation's fault.
 if ! nvidia-smi >/dev/null 2>&1; then

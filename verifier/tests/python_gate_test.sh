@@ -7,6 +7,8 @@
 #     an input that requires grad, no hooks on shared parameters, fp32); outside them ckverify finds each.
 #   preserve_rng_state=False must be killed by rng-replay.
 #   bad specs: one line, exit 2.
+#   the bridge: the recompute flag from Python (fx Cases), copy-based designs on inplace Cases, the
+#     Segment module's parameters and indices, the wrapper and @args conventions, JSON option values.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ck="$1"; tmp="$2"
@@ -44,5 +46,98 @@ expect 2 "a spec without a callable" -- "$ck" check --impl py:torch --cases 1
 one_line_error "no callable"
 expect 1 "an option the function does not take is the implementation's error" -- "$ck" check --impl $tuc:use_reentrant=false,colour=1 --only fx=none --cases 3
 grep -q "keyword argument(s) colour" out.txt || { bad "unexpected kwarg"; cat out.txt; }
+
+# The recompute flag from Python: torch's non-reentrant checkpoint with ckverify's recompute-aware
+# context_fn passes the default gate, side-effecting modules included; the same without marking the
+# recompute fails side-effect-once.
+export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
+expect 0 "torch's checkpoint marking its recomputes passes fx Cases" -- "$ck" check --impl py:ckverify.adapters:torch_checkpoint \
+  --only fx=counter,log,bn,cache,noise --only batch=2 --only seq=4 --cases 60 --time-budget 100
+expect 1 "a recompute marked as a first forward fails side-effect-once" -- "$ck" check \
+  --impl py:ckverify_test_impls:forgets_recompute --only fx=counter,log,bn,cache --only batch=2 --only seq=4 --cases 60
+grep -q "^FAILED side-effect-once" out.txt || { bad "forgets_recompute headline"; cat out.txt; }
+# A correct design that recomputes from its own copies passes refuses-inplace (its gradients are those of
+# the forward it ran). torch.autograd.graph.save_on_cpu on CPU tensors keeps the tensor itself (.cpu() of
+# a CPU tensor is no copy) and drops autograd's version check: an in-place change reaches the recompute
+# silently, which ckverify finds (docs/torch_save_on_cpu_inplace.py shows it in plain PyTorch).
+expect 0 "a clone per call passes inplace Cases" -- "$ck" check --impl py:ckverify_test_impls:clone_per_call \
+  --only inplace=true --cases 40 --json clone.json
+python3 -c "import json,sys; r=json.load(open('clone.json')); p=[x for x in r['properties'] if x['property']=='refuses-inplace'][0]; sys.exit(0 if p['cases_held']>0 else 1)" \
+  || bad "refuses-inplace was never judged on the clone-per-call implementation"
+expect 1 "save_on_cpu around a reentrant checkpoint lets an in-place change through" -- "$ck" check \
+  --impl py:ckverify_test_impls:offloaded --only inplace=true --only fx=none --only gp=0 --only input=trainable \
+  --only hook=none --only prec=fp32 --cases 40
+grep -q "^FAILED refuses-inplace" out.txt || { bad "save_on_cpu headline"; cat out.txt; }
+grep -q "not those of the forward that ran" out.txt || { bad "save_on_cpu message"; cat out.txt; }
+# What the bridge passes: a ckverify.Segment module with the segment's parameters, index, step, micro.
+expect 0 "the segment's parameters, index, step and micro-batch" -- "$ck" check --impl py:ckverify_test_impls:introspect \
+  --only fx=none --cases 40
+# Conventions: module wrappers, extra positional arguments, selective checkpointing with an op list.
+expect 0 "torch.distributed's checkpoint_wrapper (@convention=wrapper)" -- "$ck" check \
+  --impl py:torch.distributed.algorithms._checkpoint.checkpoint_wrapper:checkpoint_wrapper:@convention=wrapper \
+  --only fx=none --cases 40
+expect 2 "a positional flag that would take the hidden state is refused" -- "$ck" check --impl py:ckverify_test_impls:megatron_like --cases 1
+grep -q "distribute_saved_activations would take the segment's hidden state" err.txt || { bad "misbinding message"; cat err.txt; }
+one_line_error "misbinding"
+expect 0 "the flag given with @args" -- "$ck" check --impl 'py:ckverify_test_impls:megatron_like:@args=[false]' --only fx=none --cases 20
+# Selective checkpointing: saving bmm and addmm outputs holds; saving mm outputs corrupts the gradients,
+# because SAC's cached mm output is mutated in place through matmul's _unsafe_view alias by LibTorch's
+# nn::Linear bias add, unseen by SAC's version check (docs/torch_sac_unsafe_view_mutation.py).
+sac='py:ckverify.adapters:selective:ops=["aten.addmm.default","aten.bmm.default"]'
+expect 0 "selective checkpointing saving bmm and addmm" -- "$ck" check --impl "$sac" --only gp=0 --cases 40
+expect 1 "selective checkpointing saving mm: the cached output mutated through an alias" -- "$ck" check \
+  --impl 'py:ckverify.adapters:selective:ops=["aten.mm.default"]' --only gp=0 --cases 40
+grep -q "^FAILED grad-baseline" out.txt || { bad "SAC mm headline"; cat out.txt; }
+expect 1 "selective checkpointing refuses a double backward (torch's documented limit)" -- "$ck" check --impl "$sac" \
+  --only gp=0.1 --cases 5
+grep -q "only allowed to backward once" out.txt || { bad "SAC double backward"; cat out.txt; }
+expect 2 "selective with an op torch does not have" -- "$ck" check --impl 'py:ckverify.adapters:selective:ops=["aten.no_such_op"]' --cases 1
+grep -q "torch has no op aten.no_such_op" err.txt || { bad "selective op message"; cat err.txt; }
+expect 2 "an unknown convention" -- "$ck" check --impl py:torch.utils.checkpoint:checkpoint:@convention=sideways --cases 1
+one_line_error "unknown convention"
+expect 2 "an unclosed JSON value" -- "$ck" check --impl 'py:ckverify.adapters:selective:ops=["aten.mm' --cases 1
+one_line_error "unclosed JSON"
+expect 2 "an option a callable without **kwargs does not take" -- "$ck" check --impl py:ckverify_test_impls:clone_per_call:colour=1 --cases 1
+grep -q "no keyword parameter colour" err.txt || { bad "unknown keyword message"; cat err.txt; }
+
+# Strategies: seed 001's lab strategies (examples/strategies/lab.py) pass; the floor-division segment
+# split, which skips the last blocks, fails naming the first block it never ran.
+export PYTHONPATH="$here/../../examples/strategies:$PYTHONPATH"
+for s in run_with_checkpointing run_with_selective_checkpointing:checkpoint_every_n=2 \
+         run_with_segment_checkpointing:num_segments=2 run_with_hybrid_checkpointing:checkpoint_start_layer=1 \
+         run_with_checkpoint_sequential:segments=2; do
+  expect 0 "strategy $s" -- "$ck" check --strategy "py:lab:$s" --only fx=none --cases 30 --json "strategy-${s%%:*}.json"
+done
+python3 - <<'PY' || bad "the effective plans of the lab strategies"
+import json
+r = json.load(open("strategy-run_with_selective_checkpointing.json"))
+assert r["plan"] == "strategy", r["plan"]
+p = [x for x in r["properties"] if x["property"] == "recompute-count"][0]
+assert p["cases_held"] > 0, p
+PY
+expect 0 "a strategy whose plan changes after the first step" -- "$ck" check \
+  --strategy py:ckverify_test_impls:checkpoint_after_first_step --only fx=none --cases 30
+expect 1 "a strategy that skips blocks" -- "$ck" check --strategy py:lab:run_with_segment_checkpointing_floor_bug:num_segments=2 \
+  --only fx=none --cases 60
+grep -q "^FAILED recompute-count" out.txt || { bad "floor-bug headline"; cat out.txt; }
+grep -q "where: *step [0-9]* micro [0-9]* block [0-9]" out.txt && grep -q "its forward ran 0 time" out.txt || { bad "floor-bug does not name the block"; cat out.txt; }
+expect 1 "and it replays" -- "$ck" repro ckverify-repro.json
+grep -q "^FAILED recompute-count" out.txt || bad "repro of the floor bug"
+# bench: strategies beside the plans, each with the gate's verdict (the verified column).
+"$ck" case layers=4 d=16 heads=2 ffn=2 vocab=7 batch=2 seq=8 steps=3 attn=off seed=3 > lab-case.json
+expect 1 "bench with strategies, one of them wrong" -- "$ck" bench lab-case.json --plans every2 \
+  --strategy py:lab:run_with_selective_checkpointing:checkpoint_every_n=2 \
+  --strategy py:lab:run_with_segment_checkpointing_floor_bug:num_segments=3 --warmup 0 --repeats 1 --verify-cases 20 \
+  --only fx=none --json lab-bench.json --out lab-report
+grep -q "^lab:run_with_selective_checkpointing:checkpoint_every_n=2 .* held (20)" out.txt || { bad "bench: the correct strategy's row"; cat out.txt; }
+grep -q "^lab:run_with_segment_checkpointing_floor_bug:num_segments=3 .*FAILED recompute-count" out.txt || { bad "bench: the wrong strategy's row"; cat out.txt; }
+grep -q "^every2 .* held (20)" out.txt || { bad "bench: the plan's verdict"; cat out.txt; }
+grep -q "FAILED recompute-count |" lab-report/report.md || bad "bench report: the verified column"
+python3 -c "import json; r=json.load(open('lab-bench.json')); v={p['plan']: p.get('verified') for p in r['plans']}; assert v['lab:run_with_selective_checkpointing:checkpoint_every_n=2'].startswith('held'), v" \
+  || bad "bench json: verified"
+expect 2 "--strategy with --plan" -- "$ck" check --strategy py:lab:run_with_checkpointing --plan block --cases 1
+one_line_error "strategy with plan"
+expect 2 "a strategy that cannot take (blocks, x)" -- "$ck" check --strategy py:ckverify_test_impls:one_argument --cases 1
+one_line_error "strategy signature"
 echo "python_gate_test: $fails failure(s)"
 exit $((fails > 0))

@@ -1,0 +1,72 @@
+"""Python implementations the Python gate tests run through the bridge (verifier/tests/python_gate_test.sh).
+
+Correct designs that are not torch's checkpoint as it is, and one wrong one:
+  clone_per_call      torch's non-reentrant checkpoint over clones of the inputs, recompute-aware:
+                      recomputes from its own copies, so an in-place change of an input cannot reach it
+  offloaded           torch's reentrant checkpoint under torch.autograd.graph.save_on_cpu: the saved
+                      inputs are copies (offloading), so the recompute uses the input the forward saw
+  introspect          checks what the bridge passes (a ckverify.Segment with the segment's parameters,
+                      index, step and micro-batch) and then checkpoints recompute-aware
+  megatron_like       megatron-core's calling convention: (function, distribute_saved_activations, *args)
+  forgets_recompute   recompute-aware in the forward only: marks the recompute as a first forward
+"""
+import torch
+import torch.utils.checkpoint as tc
+
+import ckverify
+
+
+def _aware(segment, *args, **kw):
+    return tc.checkpoint(segment, *args, use_reentrant=False, context_fn=ckverify.recompute_aware_context, **kw)
+
+
+def clone_per_call(segment, *args):
+    copies = [a.clone() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+    return _aware(segment, *copies)
+
+
+def offloaded(segment, *args):
+    with torch.autograd.graph.save_on_cpu(pin_memory=False):
+        return tc.checkpoint(segment, *args, use_reentrant=True)
+
+
+def introspect(segment, *args, segments=None):
+    assert isinstance(segment, ckverify.Segment) and isinstance(segment, torch.nn.Module), type(segment)
+    assert isinstance(segment.index, int) and segment.index >= 0, segment.index
+    assert isinstance(segment.step, int) and segment.step >= 0, segment.step
+    assert isinstance(segment.micro, int) and segment.micro >= 0, segment.micro
+    if segments is not None:
+        assert segment.index < segments, (segment.index, segments)
+    params = list(segment.parameters())
+    assert params, "a segment of the Case's blocks has parameters"
+    names = [n for n, _ in segment.named_parameters()]
+    assert len(set(names)) == len(names), names
+    assert all(p.dtype == torch.float32 for p in params)
+    return _aware(segment, *args)
+
+
+def megatron_like(function, distribute_saved_activations, *args):
+    if not isinstance(distribute_saved_activations, bool):
+        raise TypeError("distribute_saved_activations must be a bool, got %s" % type(distribute_saved_activations).__name__)
+    return _aware(function, *args)
+
+
+def _forgetful_context():
+    state = ckverify.SegmentState()
+    return ckverify.segment_scope(state, False), ckverify.segment_scope(state, False)
+
+
+def forgets_recompute(segment, *args):
+    return tc.checkpoint(segment, *args, use_reentrant=False, context_fn=_forgetful_context)
+
+
+def one_argument(x):
+    """Takes neither (segment, *args) nor (blocks, x): refused up front as a strategy."""
+    return x
+
+
+def checkpoint_after_first_step(blocks, x):
+    """A correct strategy whose plan changes: plain in step 0 (a warm-up), every block checkpointed after."""
+    for block in blocks:
+        x = tc.checkpoint(block, x, use_reentrant=False) if block.step > 0 else block(x)
+    return x
