@@ -79,6 +79,15 @@ def selective(segment, *args, ops=None, recompute_aware=True, **kw):
     return _tc.checkpoint(segment, *args, use_reentrant=False, context_fn=_compose(*fns), **kw)
 
 
+def _validate_torch_checkpoint(recompute_aware=True, use_reentrant=False, **_):
+    if recompute_aware and use_reentrant:
+        raise ValueError("torch's reentrant checkpoint takes no context_fn, so it cannot mark its recomputes: "
+                         "use_reentrant=true needs recompute_aware=false")
+
+
+torch_checkpoint.ckverify_validate = _validate_torch_checkpoint
+
+
 def _validate_selective(ops=None, **_):
     if ops is None:
         raise ValueError("selective needs ops=[...] (the ops whose outputs are saved), e.g. ops=[\"aten.mm.default\"]")

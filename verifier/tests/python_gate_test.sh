@@ -93,6 +93,9 @@ expect 1 "selective checkpointing refuses a double backward (torch's documented 
 grep -q "only allowed to backward once" out.txt || { bad "SAC double backward"; cat out.txt; }
 expect 2 "selective with an op torch does not have" -- "$ck" check --impl 'py:ckverify.adapters:selective:ops=["aten.no_such_op"]' --cases 1
 grep -q "torch has no op aten.no_such_op" err.txt || { bad "selective op message"; cat err.txt; }
+expect 2 "the recompute-aware adapter on torch's reentrant mode" -- "$ck" check \
+  --impl py:ckverify.adapters:torch_checkpoint:use_reentrant=true --cases 1
+grep -q "use_reentrant=true needs recompute_aware=false" err.txt || { bad "reentrant adapter message"; cat err.txt; }
 expect 2 "an unknown convention" -- "$ck" check --impl py:torch.utils.checkpoint:checkpoint:@convention=sideways --cases 1
 one_line_error "unknown convention"
 expect 2 "an unclosed JSON value" -- "$ck" check --impl 'py:ckverify.adapters:selective:ops=["aten.mm' --cases 1
