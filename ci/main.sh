@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash ci/setup.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+source ci/build_env.sh
+cmake -S . -B build -G Ninja "${type[@]}" "${launcher[@]}" >/dev/null
 cmake --build build -j "${CKVERIFY_JOBS:-$(nproc)}" --target ckverify
 exec ./build/verifier/ckverify check "$@"
