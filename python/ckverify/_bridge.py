@@ -146,21 +146,18 @@ class _FunctionRunner:
 class _WrapperRunner:
     def __init__(self, target, options):
         self.target, self.options = target, options
-        self.run_key = None  # the parameters of the training run the wrappers belong to
-        self.wrapped = {}
+        self.wrapped = {}  # (index, micro) -> (segment, wrapped), for one training run at a time
 
     def __call__(self, fn, params, index, step, micro, args):
-        run_key = tuple(p._cdata for p in params)
-        key = (index, micro)
-        entry = self.wrapped.get(key)
+        run_key = tuple(p._cdata for p in params)  # the parameters of the training run
+        entry = self.wrapped.get((index, micro))
         if entry is None or entry[0] != run_key:
-            if self.run_key is not None and run_key != self.run_key and all(k != run_key for k, _, _ in self.wrapped.values()):
+            if entry is not None:
                 # Another training run (ckverify runs one at a time): its wrappers replace the last one's.
                 self.wrapped = {k: v for k, v in self.wrapped.items() if v[0] == run_key}
-            self.run_key = run_key
             segment = Segment(fn, params, index, step, micro)
             entry = (run_key, segment, self.target(segment, **self.options))
-            self.wrapped[key] = entry
+            self.wrapped[(index, micro)] = entry
         _, segment, wrapped = entry
         # The same module, now running this call's segment (a recompute of this step and micro-batch
         # happens before the next forward of the same key).
