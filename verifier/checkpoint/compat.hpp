@@ -4,12 +4,18 @@
 //     by device-typed ones (is_autocast_enabled(DeviceType), ...), and deprecated the old names;
 //   - CPU autocast to fp16 exists only in newer releases (2.3+);
 //   - generators are reached through at::globalContext().defaultGenerator(Device) on both, so no
-//     CUDA-specific generator header is needed and the same code compiles with or without CUDA.
+//     CUDA-specific generator header is needed and the same code compiles with or without CUDA;
+//   - the running backward call (graph task) has an id from 2.1 on (get_current_graph_task_id); 1.13
+//     exposes only its address, which a later call may reuse (the checkpoint also tracks each call's
+//     lifetime, so a reused key is never mistaken for the old call).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/version.h>
+
+#include <cstdint>
 
 namespace ckv::compat {
 
@@ -97,6 +103,18 @@ using MemoryTotal = int64_t;
 inline at::Generator default_generator(const c10::Device& d) {
   return at::globalContext().defaultGenerator(d);
 }
+
+// The backward call running on this thread, or -1 outside backward.
+#if CKV_TORCH_AT_LEAST(2, 1)
+inline int64_t current_backward_key() {
+  return torch::autograd::get_current_graph_task_id();
+}
+#else
+inline int64_t current_backward_key() {
+  const void* task = torch::autograd::get_current_graph_task_exec_info();
+  return task ? static_cast<int64_t>(reinterpret_cast<intptr_t>(task)) : -1;
+}
+#endif
 
 }  // namespace ckv::compat
 

@@ -3,18 +3,26 @@
 // (verifier/impls/faults/) can each break exactly one of them in a file of their own; the library's
 // users call checkpoint() and never need this header.
 //
-// Life of a frame: run_forward() captures the RNG and autocast state and runs fn with pack hooks
-// installed; every tensor autograd saves is recorded by pack() (metadata and version counter only).
-// In backward, the first unpack() of a saved tensor calls recompute(): check_unchanged(), then fn
-// again from the same args under the forward's RNG and autocast state, with hooks that collect the
-// tensors the recompute saves; unpack() hands each one out once and forgets it.
+// Life of a frame: run_forward() captures the RNG and autocast state, offers fn's tensor inputs to the
+// saved-tensor hooks around the checkpoint, if any (an offloading hook may move them), and runs fn
+// with pack hooks installed; every tensor autograd saves is recorded by pack() (metadata and version
+// counter only). The first unpack() of a backward call (graph task; outside backward, every unpack;
+// in the forward, when fn runs backward itself) calls recompute(): check_unchanged(), then fn again
+// from the same args under the forward's RNG and autocast state, with hooks that collect the tensors
+// the recompute saves, stopping once it has them all (early stop). The collected tensors belong to
+// that backward call: unpack() hands each one out once, a later call recomputes again, and what a call
+// left unused is freed when it ends.
 #pragma once
 
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "verifier/checkpoint/checkpoint.hpp"
@@ -34,6 +42,9 @@ class RecomputeFrame : public std::enable_shared_from_this<RecomputeFrame> {
   // Hook entry points (SavedVariableHooks of the forward's saved tensors).
   size_t pack(const torch::Tensor& t);
   virtual torch::Tensor unpack(size_t index);
+  // Called by the recompute's hooks for every tensor the recompute saves; true when the recompute has
+  // every tensor it was started for and early stop ends it.
+  bool collect(const torch::Tensor& t);
 
  protected:
   struct Saved {
@@ -54,9 +65,12 @@ class RecomputeFrame : public std::enable_shared_from_this<RecomputeFrame> {
   virtual void replay_rng() const;
   // The autocast state the recompute runs under.
   virtual compat::AutocastState recompute_autocast() const { return forward_autocast_; }
-  // fn(args) with hooks that store every saved tensor into recomputed_, inside a SegmentScope that
-  // tells the modules in fn whether this is a recompute (segment_scope.hpp).
+  // fn(args) with hooks that store every saved tensor into collected_, inside a SegmentScope that
+  // tells the modules in fn whether this is a recompute (segment_scope.hpp); ends fn early once
+  // collected_ has every tensor the forward saved so far (options_.early_stop).
   void run_fn_collecting();
+  // args_, with the tensor inputs that outer saved-tensor hooks hold unpacked from them.
+  std::vector<c10::IValue> recompute_args() const;
   // Whether the recompute tells the modules it is one (false only in a fault that replays effects).
   virtual bool marks_recompute() const { return true; }
 
@@ -68,9 +82,30 @@ class RecomputeFrame : public std::enable_shared_from_this<RecomputeFrame> {
   std::vector<Saved> saved_;
   std::vector<std::pair<size_t, c10::VariableVersion>> arg_versions_;  // (arg index, counter)
   std::vector<uint32_t> arg_saved_versions_;
-  std::vector<torch::Tensor> recomputed_;
+  // What the latest recompute() collected, by pack index.
+  std::vector<torch::Tensor> collected_;
+  // The tensors one backward call recomputed: each is handed out once (then undefined).
+  struct Pass {
+    std::vector<torch::Tensor> tensors;
+    std::vector<bool> taken;
+    std::weak_ptr<int> alive;  // expires when its backward call ends (none outside backward)
+  };
+  std::map<int64_t, Pass> passes_;  // by backward call (compat::current_backward_key)
+  int64_t next_private_key_ = -2;   // for unpacks outside any backward call
+  size_t wanted_ = 0;               // tensors the running recompute must collect
+  int64_t recompute_backward_key_ = -1;  // the backward call the running recompute serves
+  std::thread::id recomputing_;     // the thread running this frame's recompute, if any
+  std::optional<std::vector<c10::IValue>> prepared_args_;  // recompute_args(), fetched before the state is set up
+  bool forward_done_ = false;
+  // Tensor inputs saved through the saved-tensor hooks around the checkpoint: (arg index, saved).
+  std::vector<std::pair<size_t, std::unique_ptr<torch::autograd::SavedVariable>>> outer_;
   SegmentState segment_state_;
-  std::mutex mutex_;
+  std::recursive_mutex mutex_;  // recursive so that a re-entry on the recomputing thread is reported
+
+ private:
+  Pass& pass_for(int64_t key);
+  void check_collected() const;
+  void offer_inputs_to_outer_hooks();
 };
 
 // Saves a frame's tensors through its pack/unpack.

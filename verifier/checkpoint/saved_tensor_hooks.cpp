@@ -30,6 +30,10 @@ struct HooksEngine : torch::autograd::Engine {
 
 }  // namespace
 
+bool saved_tensor_hooks_active() {
+  return !factories().empty();
+}
+
 void install_saved_tensor_hooks_engine() {
   static std::once_flag once;
   std::call_once(once, [] { torch::autograd::set_default_engine_stub(&HooksEngine::get); });

@@ -33,6 +33,9 @@ class SavedTensorHooksScope {
   SavedTensorHooksFactory factory_;
 };
 
+// True while a SavedTensorHooksScope is open on this thread.
+bool saved_tensor_hooks_active();
+
 // Makes ckverify's engine the process's default autograd engine (idempotent). Called by the first
 // scope; exposed so a program can do it before its first backward.
 void install_saved_tensor_hooks_engine();

@@ -1,10 +1,12 @@
 // verifier/tests/test_checkpoint.cpp: the checkpoint library's guarantees (checkpoint.hpp), each against
 // the same computation without checkpointing, bitwise.
 #include <gtest/gtest.h>
+#include <optional>
 #include <torch/cuda.h>
 
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/checkpoint/compat.hpp"
+#include "verifier/checkpoint/saved_tensor_hooks.hpp"
 
 namespace ckv {
 namespace {
@@ -196,7 +198,10 @@ TEST(Checkpoint, RecomputeRunsUnderTheForwardsAutocastStateAndMatchesBitwise) {
     torch::Tensor out;
     {
       compat::ScopedAutocastState ac(bf16);
-      out = ckpt ? checkpoint(fn, x) : fn(x);
+      // Without early stop, so that the recompute reaches the line that records y's dtype.
+      CheckpointOptions to_the_end;
+      to_the_end.early_stop = false;
+      out = ckpt ? checkpoint(fn, x, to_the_end) : fn(x);
     }
     out.sum().backward();
   }
@@ -300,6 +305,251 @@ TEST(Checkpoint, ARecomputeThatSavesSomethingElseIsAnError) {
     FAIL();
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("recompute"), std::string::npos) << e.what();
+  }
+}
+
+CheckpointOptions to_the_end() {
+  CheckpointOptions o;
+  o.early_stop = false;
+  return o;
+}
+
+// torch's "Rule 6": fn runs backward itself (here a gradient of its own, with create_graph so that the
+// outer backward differentiates through it), in the forward and again in the recompute.
+TEST(Checkpoint, BackwardInsideTheSegmentMatchesThePlainRun) {
+  for (const CheckpointOptions& options : {CheckpointOptions{}, to_the_end()}) {
+    Net n;
+    const torch::Tensor x = torch::randn({3, 6}).requires_grad_(true);
+    auto fn = [&](const torch::Tensor& t) {
+      const torch::Tensor h = torch::tanh(n.a->forward(t));
+      const torch::Tensor g = torch::autograd::grad({h.pow(3).sum()}, {t}, {}, true, /*create_graph=*/true)[0];
+      return n.b->forward(h * g);
+    };
+    fn(x).pow(2).sum().backward();
+    const auto plain = n.grads();
+    const torch::Tensor gx = x.grad().clone();
+    n.zero();
+    x.mutable_grad().reset();
+    checkpoint(fn, x, options).pow(2).sum().backward();
+    EXPECT_TRUE(same(n.grads(), plain)) << "early_stop=" << options.early_stop;
+    EXPECT_TRUE(torch::equal(x.grad(), gx)) << "early_stop=" << options.early_stop;
+  }
+}
+
+// The forward's last saved tensor is one that a backward inside fn saves (create_graph): early stop must
+// not end the recompute from inside that backward (the engine would be left a level deeper each time,
+// and after some 60 times would run nested backwards on other threads). Many times over, on one thread.
+TEST(Checkpoint, EarlyStopNeverFiresInsideABackwardThatFnRuns) {
+  Net n;
+  const torch::Tensor x = torch::randn({3, 6}).requires_grad_(true);
+  auto fn = [&](const torch::Tensor& t) {
+    const torch::Tensor h = n.b->forward(t).sin();
+    return h + torch::autograd::grad({h.sum()}, {t}, {}, true, /*create_graph=*/true)[0];  // add saves nothing
+  };
+  fn(x).pow(2).sum().backward();
+  const auto plain = n.grads();
+  for (int i = 0; i < 100; ++i) {
+    n.zero();
+    checkpoint(fn, x).pow(2).sum().backward();
+    ASSERT_TRUE(same(n.grads(), plain)) << "iteration " << i;
+  }
+}
+
+// Every nesting of checkpoints and backward-inside-fn, against the same functions without checkpoints.
+TEST(Checkpoint, NestedCheckpointsWithBackwardInsideMatchThePlainRun) {
+  Net n;
+  const torch::Tensor x = torch::randn({2, 6}).requires_grad_(true);
+  auto run = [&](bool ckpt, int form) {
+    auto maybe = [&](const std::function<torch::Tensor(const torch::Tensor&)>& f, const torch::Tensor& t) {
+      return ckpt ? checkpoint(f, t) : f(t);
+    };
+    auto with_grad = [&](const torch::Tensor& t) {  // a segment that differentiates itself
+      const torch::Tensor h = n.b->forward(t).sin();
+      return h + torch::autograd::grad({h.sum()}, {t}, {}, true, true)[0];
+    };
+    auto inner = [&](const torch::Tensor& t) { return torch::tanh(n.b->forward(t)); };
+    std::function<torch::Tensor(const torch::Tensor&)> outer;
+    switch (form) {
+      case 0:  // checkpoint in checkpoint in checkpoint
+        outer = [&](const torch::Tensor& t) {
+          return maybe([&](const torch::Tensor& u) { return maybe(inner, n.a->forward(u)); }, t.exp());
+        };
+        break;
+      case 1:  // backward inside a nested checkpoint
+        outer = [&](const torch::Tensor& t) { return maybe(with_grad, n.a->forward(t)) * 2; };
+        break;
+      default:  // a checkpoint inside a function that runs backward over it
+        outer = [&](const torch::Tensor& t) {
+          const torch::Tensor h = maybe(inner, n.a->forward(t));
+          return h * torch::autograd::grad({h.pow(2).sum()}, {t}, {}, true, true)[0];
+        };
+    }
+    n.zero();
+    x.mutable_grad().reset();
+    const torch::Tensor loss = maybe(outer, x).pow(2).sum();
+    const torch::Tensor g = torch::autograd::grad({loss}, {x}, {}, true, /*create_graph=*/true)[0];
+    (loss + g.pow(2).sum()).backward();  // double backward through every level
+    auto out = n.grads();
+    out.push_back(x.grad().clone());
+    return out;
+  };
+  for (int form = 0; form < 3; ++form) EXPECT_TRUE(same(run(true, form), run(false, form))) << "form " << form;
+}
+
+// What one backward call recomputed is not reused by a later one: the later call recomputes, and so
+// sees that a parameter changed in place in between (plain LibTorch raises there too).
+TEST(Checkpoint, ALaterBackwardCallRecomputesAndSeesAnInPlaceChange) {
+  const torch::Tensor w = torch::randn({4}).requires_grad_(true);
+  const torch::Tensor x = torch::randn({4}).requires_grad_(true);
+  auto fn = [&](const std::vector<c10::IValue>& a) {
+    const torch::Tensor p = a[0].toTensor() * w;
+    return std::vector<torch::Tensor>{p, p.sin()};
+  };
+  const auto o = checkpoint(fn, {x});
+  torch::autograd::grad({o[1].sum()}, {o[0]});  // recomputes, uses only p.sin()'s saved p
+  {
+    torch::NoGradGuard no_grad;
+    w.add_(1);
+  }
+  EXPECT_THROW(o[0].sum().backward(), CheckpointError);
+}
+
+// Two backward calls through one checkpoint each get fresh recomputed tensors (retain_graph).
+TEST(Checkpoint, EachBackwardCallRecomputesOnce) {
+  Net n;
+  int runs = 0;
+  const torch::Tensor x = torch::randn({3, 6}).requires_grad_(true);
+  auto fn = [&](const torch::Tensor& t) {
+    ++runs;
+    return torch::tanh(n.a->forward(t));
+  };
+  const torch::Tensor loss = checkpoint(fn, x).pow(2).sum();
+  loss.backward({}, /*retain_graph=*/true);
+  EXPECT_EQ(runs, 2);
+  loss.backward();
+  EXPECT_EQ(runs, 3);
+}
+
+// A node that reads its saved tensors twice in one backward call gets an error, not a silent recompute.
+struct ReadsTwice : torch::autograd::Function<ReadsTwice> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& t) {
+    ctx->save_for_backward({t});
+    return t * t;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const torch::Tensor t = ctx->get_saved_variables()[0];
+    const torch::Tensor again = ctx->get_saved_variables()[0];
+    return {2 * g[0] * t + 0 * again};
+  }
+};
+
+TEST(Checkpoint, ASavedTensorUnpackedTwiceInOneBackwardIsAnError) {
+  const torch::Tensor x = torch::randn({3}).requires_grad_(true);
+  const torch::Tensor y = checkpoint([](const torch::Tensor& t) { return ReadsTwice::apply(t.sin()); }, x);
+  try {
+    y.sum().backward();
+    FAIL() << "no error";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("unpacked twice"), std::string::npos) << e.what();
+  }
+}
+
+// A recompute that saves more tensors than the forward did is reported when it runs to the end (with
+// early stop it never gets that far: it stops once it has what the forward saved).
+TEST(Checkpoint, ARecomputeThatSavesMoreIsAnErrorWithoutEarlyStop) {
+  for (const bool early : {true, false}) {
+    Net n;
+    const torch::Tensor x = torch::randn({2, 6}).requires_grad_(true);
+    int calls = 0;
+    auto fn = [&](const torch::Tensor& t) {
+      const torch::Tensor h = n.a->forward(t).tanh();
+      return ++calls == 1 ? h : h.exp().log();  // the recompute saves two tensors more, at the end
+    };
+    CheckpointOptions options;
+    options.early_stop = early;
+    const torch::Tensor out = checkpoint(fn, x, options);
+    if (early) {
+      EXPECT_NO_THROW(out.sum().backward());
+      continue;
+    }
+    try {
+      out.sum().backward();
+      FAIL() << "no error";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("the recompute saved"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Saved-tensor hooks around a checkpoint see its tensor inputs (as torch saves them for backward), not
+// the tensors saved inside fn; an offloading hook that replaces them still gives the plain gradients.
+struct Offload : torch::autograd::SavedVariableHooks {
+  Offload(std::vector<torch::Tensor>* seen, int* unpacked) : seen_(seen), unpacked_(unpacked) {}
+  void call_pack_hook(const torch::Tensor& t) override {
+    seen_->push_back(t);
+    kept_ = t.detach().clone();  // a copy, as an offload to another device keeps one
+  }
+  torch::Tensor call_unpack_hook() override {
+    ++*unpacked_;
+    return kept_;
+  }
+  std::vector<torch::Tensor>* seen_;
+  int* unpacked_;
+  torch::Tensor kept_;
+};
+
+TEST(Checkpoint, SavedTensorHooksAroundACheckpointSeeItsInputs) {
+  Net n;
+  const torch::Tensor x = torch::randn({3, 6}).requires_grad_(true);
+  auto fn = [&](const torch::Tensor& t) { return n.b->forward(torch::tanh(n.a->forward(t))); };
+  fn(x.exp()).pow(2).sum().backward();
+  const auto plain = n.grads();
+  const torch::Tensor gx = x.grad().clone();
+  n.zero();
+  x.mutable_grad().reset();
+  std::vector<torch::Tensor> seen;
+  int unpacked = 0;
+  torch::Tensor out;
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> input;
+  {
+    SavedTensorHooksScope outer([&] { return std::make_unique<Offload>(&seen, &unpacked); });
+    torch::Tensor h = x.exp();  // exp saves its result: the outer hook sees it too
+    seen.clear();
+    out = checkpoint(fn, h);
+    ASSERT_EQ(seen.size(), 1u) << "the outer hook must see the checkpoint's input and nothing inside fn";
+    EXPECT_TRUE(seen[0].is_same(h));
+    input.emplace(h.getIntrusivePtr());
+    seen.clear();
+  }
+  EXPECT_TRUE(input->expired()) << "the checkpoint must not keep its input when an outer hook holds it";
+  out.pow(2).sum().backward();
+  EXPECT_EQ(unpacked, 2) << "the recompute takes its input from the outer hook (and exp's backward its result)";
+  EXPECT_TRUE(same(n.grads(), plain));
+  EXPECT_TRUE(torch::equal(x.grad(), gx));
+}
+
+// Early stop: the recompute ends once every saved tensor is back, so what fn does after its last saving
+// op does not run again; without early stop it does. Gradients are the same either way.
+TEST(Checkpoint, EarlyStopEndsTheRecomputeAfterItsLastSavedTensor) {
+  for (const bool early : {true, false}) {
+    Net n;
+    const torch::Tensor x = torch::randn({3, 6}).requires_grad_(true);
+    int tail = 0;
+    auto fn = [&](const torch::Tensor& t) {
+      const torch::Tensor h = torch::tanh(n.a->forward(t));
+      ++tail;          // after the last op that saves a tensor
+      return h + 1.0;  // add saves nothing
+    };
+    fn(x).pow(2).sum().backward();
+    const auto plain = n.grads();
+    n.zero();
+    tail = 0;
+    CheckpointOptions options;
+    options.early_stop = early;
+    checkpoint(fn, x, options).pow(2).sum().backward();
+    EXPECT_EQ(tail, early ? 1 : 2) << "early_stop=" << early;
+    EXPECT_TRUE(same(n.grads(), plain)) << "early_stop=" << early;
   }
 }
 

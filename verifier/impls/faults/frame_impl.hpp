@@ -1,6 +1,6 @@
 // verifier/impls/faults/frame_impl.hpp: an implementation that checkpoints every segment with a
 // RecomputeFrame of type Frame (verifier/checkpoint/frame.hpp). The builtin uses RecomputeFrame
-// itself; most faults derive a frame that breaks exactly one step of it.
+// itself (with early stop); most faults derive a frame that breaks exactly one step of it.
 #pragma once
 
 #include "verifier/checkpoint/frame.hpp"
@@ -8,10 +8,18 @@
 
 namespace ckv::faults {
 
+// The faults recompute the whole segment (no early stop), as most hand-written checkpoints do: a
+// replayed effect or a redrawn noise term after a segment's last saving op is then reached, and shows.
+inline CheckpointOptions full_recompute() {
+  CheckpointOptions o;
+  o.early_stop = false;
+  return o;
+}
+
 template <class Frame>
 class FrameImpl : public CheckpointImpl {
  public:
-  explicit FrameImpl(CheckpointOptions options = {}) : options_(options) {}
+  explicit FrameImpl(CheckpointOptions options = full_recompute()) : options_(options) {}
   std::vector<torch::Tensor> run(const SegmentCall& call) override {
     return checkpoint_detail::checkpoint_with<Frame>(call.fn, call.args, options_);
   }

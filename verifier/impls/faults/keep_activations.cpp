@@ -15,7 +15,7 @@ struct KeepFrame : checkpoint_detail::RecomputeFrame {
       : RecomputeFrame(std::move(fn), std::move(args), options), stash_(std::move(stash)) {}
   void recompute() override {
     RecomputeFrame::recompute();
-    stash_->insert(stash_->end(), recomputed_.begin(), recomputed_.end());
+    stash_->insert(stash_->end(), collected_.begin(), collected_.end());
   }
   Stash stash_;
 };
@@ -23,7 +23,7 @@ struct KeepFrame : checkpoint_detail::RecomputeFrame {
 class KeepActivations : public CheckpointImpl {
  public:
   std::vector<torch::Tensor> run(const SegmentCall& call) override {
-    return checkpoint_detail::checkpoint_with<KeepFrame>(call.fn, call.args, {}, stash_);
+    return checkpoint_detail::checkpoint_with<KeepFrame>(call.fn, call.args, full_recompute(), stash_);
   }
   void end_step(int) override { stash_->clear(); }
 

@@ -24,7 +24,7 @@ class PerSegmentStateImpl : public CheckpointImpl {
 
  public:
   std::vector<torch::Tensor> run(const SegmentCall& call) override {
-    return checkpoint_detail::checkpoint_with<Frame>(call.fn, call.args, CheckpointOptions{}, &slots_, call.segment);
+    return checkpoint_detail::checkpoint_with<Frame>(call.fn, call.args, full_recompute(), &slots_, call.segment);
   }
 
  private:

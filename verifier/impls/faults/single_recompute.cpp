@@ -8,16 +8,12 @@ namespace ckv::faults {
 namespace {
 struct SingleRecomputeFrame : checkpoint_detail::RecomputeFrame {
   using RecomputeFrame::RecomputeFrame;
-  torch::Tensor unpack(size_t index) override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const bool consumed = index >= recomputed_.size() || !recomputed_[index].defined();
-      if (consumed && done_)
-        throw CheckpointError("checkpoint: saved tensor " + std::to_string(index) +
-                              " was already handed out; backward through a checkpoint twice is not supported");
-      done_ = done_ || consumed;
-    }
-    return RecomputeFrame::unpack(index);
+  void recompute() override {
+    if (done_)
+      throw CheckpointError("checkpoint: this segment was already recomputed; backward through a checkpoint twice is "
+                            "not supported");
+    done_ = true;
+    RecomputeFrame::recompute();
   }
   bool done_ = false;
 };
