@@ -122,4 +122,10 @@ ReferenceBound reference_tolerance(const std::vector<double>& e64, const Fp32Eva
   return b;
 }
 
+double amp_drift_allowance(double noise_floor, double design_floor) {
+  // A design floor that is not finite (a reference run overflowed) allows nothing beyond the noise floor.
+  if (!std::isfinite(design_floor)) return noise_floor;
+  return std::max(noise_floor, kAmpDesignFactor * design_floor);
+}
+
 }  // namespace ckv

@@ -77,6 +77,19 @@ Tolerance looser(const Tolerance& a, const Tolerance& b);
 Tolerance shared_update_tolerance(const Tolerance& gradient, double lr);
 Tolerance adam_update_tolerance(const Tolerance& gradient, double lr);
 
+// audit-amp: the drift checkpointing adds to a parameter group's gradients (rel-L2 against the
+// non-checkpointed run) may reach the measured noise floor (the plain run at another thread count) or
+// kAmpDesignFactor times the drift of ckverify's reference checkpoints of the other design on the same
+// Case (the design floor: reentrant checkpoints, one recomputing from the inputs, one from detached
+// leaves as torch's use_reentrant=True does), whichever is larger. Those are correct, yet they sum
+// a shared tensor's gradient contributions in the autocast dtype where the plain graph sums them in fp32
+// (a tied head; autocast caching one cast of a block input that q, k and v share): 0.1-0.2 of the group's
+// whole AMP error, as large as a real bug's drift (a recompute with autocast off: 0.2-0.35), so no share
+// of the error separates them; the groups they move do. The factor leaves room for a third correct
+// summation order.
+inline constexpr double kAmpDesignFactor = 2.0;
+double amp_drift_allowance(double noise_floor, double design_floor);
+
 // How far fp32 rounding moves one step, from the fp64 and fp32 evaluations of its tensors.
 struct StepConditioning {
   double model_scale = 0.0;  // the largest finite |fp64| over the step's tensors

@@ -288,8 +288,8 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
                       "parameter group and precision, with and without checkpointing (data: amp.csv). {}\n\n",
                       amp->plan,
                       amp->exceeded.empty() && amp->failed.empty()
-                          ? "Checkpoint drift is within the measured noise floor everywhere."
-                          : "**Checkpoint drift exceeds the noise floor** (" +
+                          ? "Checkpoint drift is within its allowance (noise floor, design floor) everywhere."
+                          : "**Checkpoint drift exceeds its allowance** (" +
                                 (amp->exceeded.empty() ? amp->failed.front() : amp->exceeded.front()) + ").");
     for (const auto& s : amp->skipped) md += "Skipped: " + s + "\n\n";
     md += "![amp drift](amp_drift.png)\n";

@@ -6,11 +6,14 @@
 // first-forward masks (relative L2 and max relative), and the drift that checkpointing itself adds:
 // the checkpointed run's gradients against the non-checkpointed run's at the same precision.
 //
-// The drift is judged against a measured noise floor, not a guessed number: the non-checkpointed run
-// repeated with another intra-op thread count is a run that should agree, and the difference between the
-// two is what the hardware and its kernels disagree by on their own. Rule: checkpoint drift must not
-// exceed the floor of its precision and group; where the floor is 0 (as on CPU, where kernels are
-// deterministic) that means bitwise equality.
+// The drift is judged against what correct runs measurably disagree by: the noise floor (the
+// non-checkpointed run repeated with another intra-op thread count: what the hardware and its kernels
+// disagree by on their own, 0 on CPU where kernels are deterministic) and the design floor (the drift
+// of ckverify's reference reentrant checkpoints on the same Case, which sum shared gradients in the
+// autocast dtype where the plain graph sums them in fp32; Cases with gradient hooks have none, as a
+// reentrant checkpoint runs a hook twice). Rule (tolerance.hpp, amp_drift_allowance): checkpoint drift
+// must not exceed the larger of the noise floor and kAmpDesignFactor times the design floor, per
+// precision and group; where both are 0 that means bitwise equality.
 #pragma once
 
 #include <string>
@@ -29,6 +32,8 @@ struct AmpRow {
   double rel_l2 = 0.0, max_rel = 0.0;  // gradient error against fp64
   double drift = 0.0;                  // checkpointed rows: rel-L2 against the non-checkpointed run
   double floor = 0.0;                  // the noise floor of this precision and group (rel-L2)
+  double design = 0.0;                 // the design floor (rel-L2; 0 when not measured)
+  double allowed = 0.0;                // the drift allowed (amp_drift_allowance)
 };
 
 struct AmpAudit {
@@ -36,6 +41,7 @@ struct AmpAudit {
   int threads_a = 1, threads_b = 2;  // the two thread counts of the noise floor
   std::vector<std::string> precisions;
   std::vector<std::string> skipped;  // "fp16: why"
+  std::vector<std::string> design_notes;  // why a design floor was not measured, per precision
   std::vector<AmpRow> rows;
   std::vector<std::pair<std::string, double>>
       loss_error;  // per "prec/none" and "prec/checkpointed": |loss - loss64| / |loss64|

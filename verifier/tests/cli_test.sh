@@ -105,17 +105,29 @@ expect 2 "a seed past 2^64" -- "$ck" check --cases 1 --seed 18446744073709551616
 expect 2 "a state file of another seed" -- "$ck" train otherseed.json --resume state2.ckv
 grep -q "seed=4 in the state, seed=9 here" err.txt || { bad "state key difference not named"; cat err.txt; }
 
-# The AMP drift audit: the builtin adds no drift; a recompute that loses autocast's casts or replays
-# from detached leaves does, and a recompute that throws is a finding.
+# The AMP drift audit: the builtin adds no drift; a reentrant recompute with autocast off does, more than
+# the reference reentrant designs' own drift (the design floor); a recompute from detached leaves (torch's
+# reentrant design) drifts exactly as much as the design floor and passes, and a recompute that throws
+# is a finding.
 "$ck" case layers=4 d=8 heads=2 pos=post attn=bidir act=swiglu plan=every2 seed=5 > amp.json
 expect 0 "audit-amp on the builtin" -- "$ck" audit-amp amp.json --json amp_out.json --plot amp.png
 grep -q "^bf16 .*every2 .*layer" out.txt || { bad "audit table lacks bf16 checkpointed rows"; cat out.txt; }
 grep -q '"noise_floor"' amp_out.json || bad "audit JSON lacks the noise floor"
 [ "$(head -c 4 amp.png | tail -c 3)" = "PNG" ] || bad "audit plot is not a PNG"
-expect 1 "audit-amp catches drift (leaf-input-recompute)" -- "$ck" audit-amp amp.json --impl leaf-input-recompute
-grep -q "^FAIL: checkpoint drift exceeds the measured noise floor: bf16" out.txt || { bad "drift verdict"; cat out.txt; }
+expect 1 "audit-amp catches drift (reentrant-no-autocast)" -- "$ck" audit-amp amp.json --impl reentrant-no-autocast
+grep -q "^FAIL: checkpoint drift exceeds its allowance: bf16 layer0" out.txt || { bad "drift verdict"; cat out.txt; }
+expect 0 "audit-amp passes torch's reentrant AMP summation (leaf-input-recompute)" -- \
+  "$ck" audit-amp amp.json --impl leaf-input-recompute
+grep -q "^bf16 .*every2 .*layer0 .*5.176e-03 .*5.176e-03" out.txt || { bad "design floor of layer0"; cat out.txt; }
+# The false positive of the zero floor: a correct reentrant design sums a tied head's gradient in bf16.
+"$ck" case layers=1 d=16 heads=2 ffn=1 vocab=11 norm=rmsnorm attn=bidir act=gelu_tanh loss=mse tie=head segio=multi \
+  dropimpl=native batch=2 seq=2 sched=ffbb plan=block seed=210584582849683 > amp_tied.json
+expect 0 "audit-amp on a correct reentrant design with a tied head" -- "$ck" audit-amp amp_tied.json --impl reentrant-hooks
+grep -q "^bf16 .*block .*head .*1.713e-03" out.txt || { bad "tied head drift not measured"; cat out.txt; }
 expect 1 "audit-amp reports a failing recompute (no-autocast-replay)" -- "$ck" audit-amp amp.json --impl no-autocast-replay
 expect 0 "audit-amp over generated cases" -- "$ck" audit-amp --cases 3 --seed 2
+expect 1 "audit-amp's default Cases catch a reentrant recompute with autocast off" -- \
+  "$ck" audit-amp --impl reentrant-no-autocast
 expect 2 "audit-amp plot that is not a .png" -- "$ck" audit-amp amp.json --plot amp.txt
 expect 2 "audit-amp writing over its case file" -- "$ck" audit-amp amp.json --json ./amp.json
 expect 2 "audit-amp --plan none" -- "$ck" audit-amp amp.json --plan none

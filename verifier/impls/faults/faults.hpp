@@ -38,5 +38,6 @@ ImplEntry reentrant_hooks();       // a correct-looking reentrant checkpoint: pa
 ImplEntry nograd_forward_cache();  // its no-grad forward poisons autocast's cast cache
 ImplEntry inputs_only_grad();      // differentiates only the inputs
 ImplEntry leaf_input_recompute();  // recomputes from detached leaf inputs (the bf16 ulp bug)
+ImplEntry reentrant_no_autocast();  // recomputes with autocast off
 
 }  // namespace ckv::faults

@@ -43,7 +43,7 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
     const bool create_graph = torch::GradMode::is_enabled();
     checkpoint_detail::GlobalStateGuard guard(/*rng=*/true);
     st->rng.restore();
-    compat::ScopedAutocastState autocast(st->autocast);
+    compat::ScopedAutocastState autocast(st->v.replay_autocast ? st->autocast : compat::AutocastState::current());
     torch::AutoGradMode grad_on(true);
 
     std::vector<c10::IValue> args = st->args;

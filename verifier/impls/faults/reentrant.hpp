@@ -24,6 +24,9 @@ struct ReentrantVariant {
   // their gradients are summed in the autocast dtype instead of fp32 (and a gradient penalty loses the
   // inputs' second-order term).
   bool leaf_inputs = false;
+  // Recompute under the forward's autocast state; false: under backward's (autocast off), as torch's
+  // reentrant checkpoint did before it saved the autocast state for the recompute.
+  bool replay_autocast = true;
 };
 
 class ReentrantCheckpoint : public CheckpointImpl {
