@@ -1,6 +1,6 @@
 // properties/memory_saved.cpp: memory-saved. Checkpointing exists to free activations; an
 // implementation that gets every gradient right but keeps what it recomputed (or never lets go of the
-// forward's tensors) passes every other property. Two checks, on every step, from the tensor memory the
+// forward's tensors) passes every other property. Three checks, on every step, from the tensor memory the
 // run stage measured (verifier/run/memory.hpp; bytes on the Case's device):
 //
 //  1. Nothing is left behind: when the step's last backward has returned, the run under test holds no
@@ -28,6 +28,10 @@
 //     the second pass) cannot show a saving: the peak is then not judged, and the summary says so.
 //     Under a strategy the plan is the effective one: the checkpoints it made (blocks recomputed
 //     together, Observations::strategy_groups) are the segments of the estimate.
+//  3. Nothing is carried into the next step: what a step allocated and still holds when the next step
+//     begins (memory.hpp epochs) is no more than the baseline carries, from the third step on. An
+//     implementation that keeps a step's input gradients or recomputed tensors until the next step fits
+//     check 1's per-call allowance and raises every later step's peak.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -180,6 +184,24 @@ Finding judge(const Observations& o) {
                                        "built was not released",
                                        kib(excess), kib(activations), kib(allowed_calls), kib(slack)));
   }
+  // 3. Nothing is carried into the next step: what a step allocated, still holds when the next step
+  // begins (after end_step, which ends what the interface lets a call keep) and releases during that
+  // step is no more than the baseline's. State kept for good (still live when the next step ends) is
+  // not counted, and neither are the first two steps, which may allocate it. The slack is what a
+  // tracker that replaces its generator states every step carries, and bookkeeping scalars.
+  const int64_t carry_slack = kMinSlack + 2 * B.rng_state;
+  auto carried = [](const StepMemory& m) { return std::max<int64_t>(0, m.carried - m.kept); };
+  int64_t carried_most = 0;
+  for (size_t k = 2; k < T.steps.size(); ++k) {
+    const int64_t excess = carried(T.steps[k]) - carried(B.steps[k]);
+    carried_most = std::max(carried_most, excess);
+    if (excess > carry_slack)
+      return Finding::fail(kName, static_cast<int>(k), fmt::format("step {}, start", k),
+                           fmt::format("{} allocated during step {} was still held when step {} began and released "
+                                       "during it, {} more than the baseline (allowed {}): the implementation keeps a "
+                                       "step's tensors into the next",
+                                       kib(carried(T.steps[k])), k - 1, k, kib(excess), kib(carry_slack)));
+  }
   const Estimate e = estimate_peak(o);
   int64_t worst = 0;
   for (size_t k = first; k < T.steps.size(); ++k) {
@@ -194,8 +216,10 @@ Finding judge(const Observations& o) {
                       "(allowed {:.2f}x + {}): activations were kept that the plan frees",
                       plan_name(o), kib(peak), kib(e.baseline), kib(e.estimate), kFactor, kib(slack)));
   }
-  const std::string leak = leak_judged ? "nothing held after backward"
-                                       : "after-backward level not judged (one step cannot tell kept state from a leak)";
+  std::string leak = leak_judged ? "nothing held after backward"
+                                 : "after-backward level not judged (one step cannot tell kept state from a leak)";
+  if (T.steps.size() > 2)
+    leak += fmt::format(", nothing carried into the next step (at most {} more than the baseline)", kib(carried_most));
   if (!e.judged && !leak_judged)
     return Finding::not_applicable(kName, "one step, and " + e.why_not);
   if (!e.judged) return Finding::pass(kName, fmt::format("{}; peak {} not judged: {}", leak, kib(worst), e.why_not));
@@ -206,8 +230,9 @@ Finding judge(const Observations& o) {
 
 Property memory_saved_property() {
   return {kName,
-          "after backward the run holds no more than without checkpointing; where the plan should save memory, the "
-          "activation peak is within 1.25x of the plan's estimate and below the no-checkpoint peak",
+          "after backward the run holds no more than without checkpointing, and carries no more of a step's tensors into "
+          "the next; where the plan should save memory, the activation peak is within 1.25x of the plan's estimate and "
+          "below the no-checkpoint peak",
           judge};
 }
 

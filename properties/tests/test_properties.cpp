@@ -92,6 +92,7 @@ const FaultDemo kDemos[] = {
     {"nograd-forward-cache", "tie=head plan=block prec=bf16", "tie=none plan=block prec=bf16"},
     {"leaf-input-recompute", "gp=0.1 pos=post attn=bidir plan=every2 layers=4", "pos=post attn=bidir plan=every2 layers=4"},
     {"reentrant-no-autocast", "prec=bf16", "prec=fp32"},
+    {"carry-input-grads", "d=16 batch=8 seq=16 steps=3", "d=16 batch=8 seq=16 steps=2"},
 };
 
 Case demo_case(const std::string& keys, const std::string& impl) {

@@ -23,6 +23,12 @@ struct AccountState {
   bool open = false;
   c10::DeviceType device = c10::DeviceType::CPU;
   int64_t live = 0, peak = 0;
+  int epoch = 0;  // advanced by MemoryAccount::next_epoch (each training step)
+};
+struct Block {
+  int account;
+  int64_t bytes;
+  int epoch;  // the account's epoch when it was allocated
 };
 
 // The ledger every reporter writes into. Account 0 is "none": allocations made while no account is
@@ -30,7 +36,7 @@ struct AccountState {
 struct Ledger {
   std::mutex m;
   std::vector<AccountState> accounts{AccountState{}};
-  std::unordered_map<const void*, std::pair<int, int64_t>> blocks;  // ptr -> (account, bytes)
+  std::unordered_map<const void*, Block> blocks;
   std::atomic<int> current{0};
 
   void report(const void* ptr, int64_t bytes, c10::Device device) {
@@ -39,15 +45,15 @@ struct Ledger {
       const int a = current.load();
       AccountState& s = accounts[static_cast<size_t>(a)];
       if (a == 0 || !s.open || s.device != device.type()) return;  // not counted
-      blocks[ptr] = {a, bytes};
+      blocks[ptr] = {a, bytes, s.epoch};
       s.live += bytes, s.peak = std::max(s.peak, s.live);
       return;
     }
     auto it = blocks.find(ptr);
     if (it == blocks.end()) return;  // allocated before reporting began
-    const auto [a, size] = it->second;
+    const Block b = it->second;
     blocks.erase(it);
-    accounts[static_cast<size_t>(a)].live -= size;
+    accounts[static_cast<size_t>(b.account)].live -= b.bytes;
   }
 };
 
@@ -115,6 +121,25 @@ int64_t MemoryAccount::peak() const {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.m);
   return l.accounts[static_cast<size_t>(id_)].peak;
+}
+int64_t MemoryAccount::live_from_previous_epoch() const {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.m);
+  const AccountState& s = l.accounts[static_cast<size_t>(id_)];
+  int64_t live = 0;
+  for (const auto& [ptr, b] : l.blocks)
+    if (b.account == id_ && b.epoch == s.epoch - 1) live += b.bytes;
+  return live;
+}
+int64_t MemoryAccount::next_epoch() {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.m);
+  AccountState& s = l.accounts[static_cast<size_t>(id_)];
+  int64_t carried = 0;
+  for (const auto& [ptr, b] : l.blocks)
+    if (b.account == id_ && b.epoch == s.epoch) carried += b.bytes;
+  ++s.epoch;
+  return carried;
 }
 void MemoryAccount::reset_peak() {
   Ledger& l = ledger();

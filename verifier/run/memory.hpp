@@ -49,6 +49,11 @@ class MemoryAccount {
   int64_t live() const;
   int64_t peak() const;   // the largest live value since the last reset_peak()
   void reset_peak();      // peak := live
+  // Starts the next epoch (the run stage starts one per training step) and returns the bytes still live
+  // that were allocated during the epoch that just ended: what one step carries into the next.
+  int64_t next_epoch();
+  // The bytes still live that were allocated during the previous epoch.
+  int64_t live_from_previous_epoch() const;
   int id() const { return id_; }
 
  private:

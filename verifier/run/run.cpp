@@ -425,6 +425,8 @@ class Trainer {
     in_step_ = true;
     step_memory_ = StepMemory{};
     step_time_ = StepTime{};
+    step_memory_.carried = account_.next_epoch();
+    if (memory_.steps.empty()) step_memory_.carried = 0;  // the epoch before the first step is the set-up
     step_memory_.before = account_.live();
     account_.reset_peak();
   }
@@ -470,6 +472,8 @@ class Trainer {
     live_.clear();
     in_step_ = false;
     if (impl_) impl_->end_step(step_);
+    // What the previous step allocated and this one (its end_step included) did not release.
+    if (memory_.steps.size() > 1) memory_.steps.back().kept = account_.live_from_previous_epoch();
     return rec;
   }
 

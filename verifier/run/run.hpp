@@ -72,6 +72,8 @@ struct StepMemory {
   int64_t after_forward = 0;   // when the step's first forward returned (its activations held)
   int64_t peak = 0;            // the largest level from the step's beginning to its optimizer update
   int64_t after_backward = 0;  // when the step's last backward returned and its loss was released
+  int64_t carried = 0;         // live when the step began, allocated during the previous step (0 in the first)
+  int64_t kept = 0;            // of those, still live after the step's end_step (kept for good, or a longer leak)
 };
 struct MemoryRecord {
   std::vector<StepMemory> steps;

@@ -39,5 +39,6 @@ ImplEntry nograd_forward_cache();  // its no-grad forward poisons autocast's cas
 ImplEntry inputs_only_grad();      // differentiates only the inputs
 ImplEntry leaf_input_recompute();  // recomputes from detached leaf inputs (the bf16 ulp bug)
 ImplEntry reentrant_no_autocast();  // recomputes with autocast off
+ImplEntry carry_input_grads();      // keeps a step's input gradients through the next step
 
 }  // namespace ckv::faults
