@@ -80,7 +80,6 @@ else()
     set_target_properties(ckv::torch_python PROPERTIES
       INTERFACE_INCLUDE_DIRECTORIES "${_ckv_py_include}"
       INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${_ckv_py_include}"
-      INTERFACE_COMPILE_DEFINITIONS "CKV_PYTHON_SITE=\"${CKVERIFY_PYTHON_SITE}\";CKV_PYTHON_PKG=\"${PROJECT_SOURCE_DIR}/python\""
       INTERFACE_LINK_LIBRARIES "${_ckv_lib}/libtorch_python.so;${_ckv_libpython}")
     message(STATUS "ckverify: Python bridge on (${_ckv_libpython}, modules from ${CKVERIFY_PYTHON_SITE})")
   endif()
