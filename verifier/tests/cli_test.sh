@@ -165,7 +165,7 @@ expect 0 "the time budget bounds the run" -- "$ck" check --cases 20000000 --time
 [ $(( $(date +%s) - start )) -le 30 ] || bad "a 2 s budget took $(( $(date +%s) - start )) s"
 grep -q "time budget of 2 s reached" out.txt || bad "budget not reported"
 
-expect 0 "every fault is killed" -- "$ck" faults --cases 300 --json faults.json
+expect 0 "every fault is killed" -- "$ck" faults --cases 500 --json faults.json
 for f in $("$ck" list | sed -n 's/^  \([a-z0-9-]*\)  \[fault.*/\1/p'); do
   grep -q "^$f  *NOT RUN .*only shows" out.txt && { echo "not observable here: $f"; continue; }
   grep -q "^$f .* [0-9][0-9]*  layers=" out.txt || bad "fault $f not shown as killed"
