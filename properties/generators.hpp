@@ -113,6 +113,10 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
           gen::set(&Case::plan, plan)),
       [o](Case c) {
         if (c.gp > 0.0) c.input_frozen = false;                         // the penalty is on dloss/dx
+#if !CKV_TORCH_AT_LEAST(2, 0)
+        // LibTorch 1.13's CPU autocast cannot run a tied head in bf16 (check_environment).
+        if (c.device == "cpu" && c.model.tie == Tie::head && c.precision == Precision::bf16) c.model.tie = Tie::none;
+#endif
         if (c.model.has(kBatchNorm) && c.batch * c.seq < 4)
           c.seq = (4 + c.batch - 1) / c.batch;  // BatchNorm needs four values per channel (case.cpp)
         if (c.resume > 0) {  // a save position inside the run (at a step boundary under sched=ffbb)

@@ -102,6 +102,12 @@ AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
       a.skipped.push_back(name + ": CPU fp16 autocast needs LibTorch >= 2.3 (this build has " TORCH_VERSION ")");
       continue;
     }
+#if !CKV_TORCH_AT_LEAST(2, 0)
+    if (p == Precision::bf16 && c.device == "cpu" && c.model.tie == Tie::head) {
+      a.skipped.push_back(name + ": a tied head in bf16 on cpu needs LibTorch >= 2.0 (this build has " TORCH_VERSION ")");
+      continue;
+    }
+#endif
     a.precisions.push_back(name);
     Case plain = c;
     plain.impl = "builtin";

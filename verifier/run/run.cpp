@@ -844,6 +844,13 @@ void check_environment(const Case& c) {
   if (c.precision == Precision::fp16 && c.device == "cpu" && !compat::kCpuFp16Autocast)
     throw EnvironmentError("prec=fp16 on cpu needs LibTorch >= 2.3 (CPU autocast to fp16); this build has " +
                            std::string(TORCH_VERSION));
+#if !CKV_TORCH_AT_LEAST(2, 0)
+  // LibTorch 1.13's CPU autocast leaves the tied head's matmul against a bf16 input in fp32: the plain
+  // run itself fails ("expected scalar type BFloat16 but found Float").
+  if (c.precision == Precision::bf16 && c.device == "cpu" && c.model.tie == Tie::head)
+    throw EnvironmentError("tie=head with prec=bf16 on cpu needs LibTorch >= 2.0 (1.13's CPU autocast fails the "
+                           "plain run); this build has " + std::string(TORCH_VERSION));
+#endif
   std::ifstream meminfo("/proc/meminfo");
   for (std::string key; meminfo >> key;) {
     double kb = 0;
