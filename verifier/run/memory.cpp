@@ -122,22 +122,23 @@ int64_t MemoryAccount::peak() const {
   std::lock_guard<std::mutex> lock(l.m);
   return l.accounts[static_cast<size_t>(id_)].peak;
 }
+// The live bytes of account `id` allocated during `epoch` (caller holds the lock).
+static int64_t live_in_epoch(const Ledger& l, int id, int epoch) {
+  int64_t live = 0;
+  for (const auto& [ptr, b] : l.blocks)
+    if (b.account == id && b.epoch == epoch) live += b.bytes;
+  return live;
+}
 int64_t MemoryAccount::live_from_previous_epoch() const {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.m);
-  const AccountState& s = l.accounts[static_cast<size_t>(id_)];
-  int64_t live = 0;
-  for (const auto& [ptr, b] : l.blocks)
-    if (b.account == id_ && b.epoch == s.epoch - 1) live += b.bytes;
-  return live;
+  return live_in_epoch(l, id_, l.accounts[static_cast<size_t>(id_)].epoch - 1);
 }
 int64_t MemoryAccount::next_epoch() {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.m);
   AccountState& s = l.accounts[static_cast<size_t>(id_)];
-  int64_t carried = 0;
-  for (const auto& [ptr, b] : l.blocks)
-    if (b.account == id_ && b.epoch == s.epoch) carried += b.bytes;
+  const int64_t carried = live_in_epoch(l, id_, s.epoch);
   ++s.epoch;
   return carried;
 }
