@@ -511,7 +511,9 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
   std::vector<Case> todo;
   CaseGenOptions gen;
   gen.allow_autocast = false;  // the audit runs every precision itself
-  gen.only = "freeze=none";    // a Case with every block frozen has no parameter gradient to audit
+  // Every block trainable (a frozen stack has no parameter gradient to audit), and no side-effecting
+  // modules: a replayed effect is side-effect-once's finding, not AMP drift.
+  gen.only = "freeze=none fx=none";
   gen.impl = impl_name.empty() ? "builtin" : impl_name;
   gen.device = device;
   if (!plan_text.empty()) {
