@@ -7,9 +7,10 @@
 // How: autograd asks the default engine for the default saved-variable hooks whenever it saves a tensor
 // (SavedVariable's constructor). The base engine answers "none"; Python's engine answers from Python's
 // hook stack. install() makes an engine of ours the default: it answers from a thread-local stack of
-// factories and behaves exactly like the base engine otherwise (an empty stack means no hooks).
-// A process that imports torch's Python module installs Python's engine instead; scopes then refuse
-// with a clear error rather than silently saving everything.
+// factories, and with the stack empty it asks the engine it replaced (so torch's Python hooks, and with
+// them torch.utils.checkpoint, keep working in a process that runs both); otherwise it behaves exactly
+// like the base engine. When torch's Python module is imported later and installs Python's engine, the
+// next scope puts ours back on top of it.
 #pragma once
 
 #include <torch/csrc/autograd/saved_variable_hooks.h>
@@ -23,7 +24,6 @@ using SavedTensorHooksFactory = std::function<std::unique_ptr<torch::autograd::S
 
 class SavedTensorHooksScope {
  public:
-  // Throws std::runtime_error when the process's autograd engine cannot consult our hooks.
   explicit SavedTensorHooksScope(SavedTensorHooksFactory factory);
   ~SavedTensorHooksScope();
   SavedTensorHooksScope(const SavedTensorHooksScope&) = delete;
