@@ -29,6 +29,10 @@ std::string CompareResult::message() const {
   const std::string threshold =
       tol.exact() ? std::string("bitwise equality") : fmt::format("|a-e| <= {:.3g} + {:.3g}*|e|", tol.atol, tol.rtol);
   std::string head = fmt::format("{}: ", view.label);
+  auto values = [](int64_t n) { return n == 0 ? std::string("no values (undefined)") : fmt::format("{} values", n); };
+  if (r.actual_size >= 0)
+    return head + fmt::format("{} where {} were expected; nothing else compared", values(r.actual_size),
+                              values(r.expected_size));
   if (r.nonfinite > 0)
     head += fmt::format("{} non-finite value(s), first at index {}. ", r.nonfinite, index(r.first_nonfinite_index));
   if (r.ok && r.nonfinite == 0)
@@ -47,11 +51,13 @@ std::string CompareResult::message() const {
 
 CompareResult compare_values(const TensorView& view, const std::vector<double>& actual,
                              const std::vector<double>& expected, const Tolerance& tol) {
-  if (actual.size() != expected.size())
-    throw std::invalid_argument(
-        fmt::format("compare {}: {} actual values vs {} expected", view.label, actual.size(), expected.size()));
   CompareResult out{view, tol, {}};
   auto& r = out.r;
+  if (actual.size() != expected.size()) {
+    r.ok = false;
+    r.actual_size = static_cast<int64_t>(actual.size()), r.expected_size = static_cast<int64_t>(expected.size());
+    return out;
+  }
   r.total = static_cast<int64_t>(actual.size());
   for (size_t i = 0; i < actual.size(); ++i) {
     const double a = actual[i], e = expected[i];

@@ -1,7 +1,8 @@
 // properties/compare.hpp: the one comparison function. Every property compares tensors through it, so
 // every failure prints the same message (STYLE.md): label, mismatched count and share, greatest
 // absolute and relative difference with the index mapped back to named dimensions, actual and expected
-// values there, and the threshold with its reason. Non-finite values are checked first.
+// values there, and the threshold with its reason. Non-finite values are checked first. Tensors of
+// different sizes (a gradient that is undefined in one run) are a failed comparison that says so.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@ struct TensorView {
 
 struct CompareStats {
   bool ok = true;
+  int64_t actual_size = -1, expected_size = -1;  // set (and not ok) when the sizes differ: nothing compared
   int64_t total = 0, mismatched = 0, nonfinite = 0;
   double max_abs = 0.0, max_rel = 0.0;
   int64_t max_abs_index = -1, max_rel_index = -1, first_nonfinite_index = -1;

@@ -23,6 +23,11 @@ TEST(Compare, MessageNamesIndexValuesAndThreshold) {
   EXPECT_FALSE(compare_values(v, {1, 2, 3, 4, 5, std::nan("")}, {1, 2, 3, 4, 5, 6}, {1, 1, "loose"}).ok());
   EXPECT_FALSE(compare_values(v, {1, 2, 3, 4, 5, 6 + 1e-15}, {1, 2, 3, 4, 5, 6}, {0, 0, "bitwise"}).ok());
   EXPECT_FALSE(compare_values(v, {1, 2, 3, 4, 5, -0.0}, {1, 2, 3, 4, 5, 0.0}, {0, 0, "bitwise"}).ok());
+  // A tensor undefined in one run (no values) is a failed comparison that says so, never an exception.
+  const CompareResult missing = compare_values(v, {}, {1, 2, 3, 4, 5, 6}, {1, 1, "loose"});
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("no values (undefined) where 6 values were expected"), std::string::npos)
+      << missing.message();
 }
 
 TEST(Tolerance, ReferenceBoundFollowsTheFp32EvaluationsOwnError) {

@@ -24,6 +24,39 @@
 namespace ckv {
 namespace {
 
+// The process-wide state an implementation must leave as it found it: grad mode, the autocast state and
+// the default dtype. One that does not makes everything after it wrong, the baseline's runs included, so
+// it is the implementation's finding, reported where it happened (the state is put back first).
+struct GlobalStateCheck {
+  bool grad = torch::GradMode::is_enabled();
+  compat::AutocastState autocast = compat::AutocastState::current();
+  caffe2::TypeMeta dtype = c10::get_default_dtype();
+  void expect_unchanged(const std::string& where) const {
+    std::string what;
+    if (torch::GradMode::is_enabled() != grad)
+      what = grad ? "grad mode disabled" : "grad mode enabled";
+    else if (compat::AutocastState::current() != autocast)
+      what = "the autocast state changed";
+    else if (c10::get_default_dtype() != dtype)
+      what = "the default dtype set to " + std::string(c10::get_default_dtype().name());
+    if (what.empty()) return;
+    restore();
+    throw std::runtime_error("the implementation left " + what + " after " + where +
+                             " (it must restore the global state it changes)");
+  }
+  void restore() const {
+    torch::GradMode::set_enabled(grad);
+    autocast.apply();
+    c10::set_default_dtype(dtype);
+  }
+};
+// Puts the state back when a run of the implementation ends, however it ended (a run that threw may
+// have left it changed; the runs after it, the baseline's included, must not inherit that).
+struct RestoreGlobalState {
+  const GlobalStateCheck& state;
+  ~RestoreGlobalState() { state.restore(); }
+};
+
 std::string first_line(const std::string& s) {
   return sanitize(s.substr(0, s.find('\n')), 400);
 }
@@ -544,7 +577,9 @@ class Trainer {
         stack.blocks.push_back(std::move(call));
       }
       live.segment_inputs.assign(o_.segments.size(), torch::Tensor());
+      const GlobalStateCheck before;
       h = impl_->run_stack(stack);
+      before.expect_unchanged("the strategy's forward of micro-batch " + std::to_string(m));
       if (!h.defined() || h.sizes() != live.x.sizes())
         throw std::runtime_error("the strategy returned " +
                                  (h.defined() ? "a tensor of shape " + c10::str(h.sizes()) : std::string("no tensor")) +
@@ -567,7 +602,9 @@ class Trainer {
       if (seg.checkpointed && impl_) {
         call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
         call.params = segment_params_.at(s);
+        const GlobalStateCheck before;
         outs = impl_->run(call);
+        before.expect_unchanged("checkpointing segment " + std::to_string(s));
       } else {
         outs = call.fn(call.args);
       }
@@ -622,6 +659,7 @@ class Trainer {
     Live& live = live_[static_cast<size_t>(m)];
     phase_ = 1;
     tap_.set_context(step_, m, 1);
+    const GlobalStateCheck before;
     if (c_.gp > 0.0) {
       const torch::Tensor g = torch::autograd::grad({live.loss}, {live.x}, {}, /*retain_graph=*/true,
                                                     /*create_graph=*/true)[0];
@@ -632,6 +670,7 @@ class Trainer {
     } else {
       live.loss.backward();
     }
+    if (impl_) before.expect_unchanged("the backward of micro-batch " + std::to_string(m) + " (its recomputes)");
     step_time_.backward += now() - backward_start;
     live.loss_value = live.loss.item<double>();
     if (!c_.input_frozen && live.x.grad().defined()) {
@@ -890,6 +929,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
   // The two runs advance in lockstep, and the baseline takes each step from the parameters the run
   // under test reached: every step is then compared on its own, even after a tolerated difference
   // (a shared parameter's gradient summed in another order) has moved the parameters apart.
+  const GlobalStateCheck entry;
   Trainer base(c, o, nullptr, Mode::normal, -1), test(c, o, &impl, Mode::normal, -1);
   const std::exception* test_error = nullptr;
   struct Saved : std::exception {
@@ -910,6 +950,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     try {
       o.test.steps.push_back(test.step(s));
     } catch (const std::exception& e) {
+      entry.restore();
       saved = std::make_unique<Saved>(e.what());
       test_error = saved.get();
       break;
@@ -931,6 +972,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
                    : "no checkpointed segment has gradient flowing through it";
   } else {
     try {
+      const RestoreGlobalState restore{entry};
       Trainer t(c, o, &impl, Mode::throw_in_recompute, target);
       t.experiment();
       o.throw_exp = t.throw_result;
@@ -940,6 +982,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     }
     if (c.inplace) {
       try {
+        const RestoreGlobalState restore{entry};
         Trainer t(c, o, &impl, Mode::inplace_input, target);
         t.experiment();
         o.inplace_exp = t.inplace_result;
@@ -978,6 +1021,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     o.resume_exp.ran = true;
     o.resume_exp.position = c.resume;
     try {
+      const RestoreGlobalState restore{entry};
       // The state goes through the file format (encoded, verified, decoded) in memory: no file I/O per
       // case; cli_tests carries it through real files and separate processes.
       std::string bytes;
