@@ -2,8 +2,9 @@
 // RapidCheck properties under ctest, `ckverify check` and `ckverify faults`. Every dimension a real bug
 // needs is generated (frozen inputs and parameters, tied weights, hooks, micro-batches in both orders,
 // gradient penalties, in-place inputs, multi-tensor segments, bf16 and fp16 autocast), each at its
-// default most of the time. Sizes stay small so that one case costs tens of milliseconds on a CPU core;
-// shrinking drives every field towards its default (pick shrinks towards its first element).
+// default most of the time. Sizes stay small so that one case costs tens of milliseconds on a CPU core,
+// except a bounded share of deep, narrow Cases (gen_deep); shrinking drives every field towards its
+// default (pick shrinks towards its first element).
 #pragma once
 
 #include <rapidcheck.h>
@@ -11,6 +12,9 @@
 #include <algorithm>
 #include <optional>
 #include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "verifier/case/case.hpp"
 #include "verifier/checkpoint/compat.hpp"
@@ -90,11 +94,38 @@ inline rc::Gen<Precision> gen_precision(const CaseGenOptions& o) {
   return pick(Precision::fp32, Precision::fp32, Precision::bf16);
 }
 
+// A bounded share of large-but-narrow Cases: a deep stack at the smallest width. Bugs that need many
+// checkpointed calls waiting for their backward at once (a fixed-size ring of saved states that wraps,
+// a leak that grows per call) only show there: more than 32 calls wait with layers > 32, or with
+// sched=ffbb and micro-batches. One case in kDeepShare. Only the depth and the width come from here (the
+// micro-batches, steps and schedule are the generator's own), so a failure that shrinking can show
+// without the depth becomes a small Case again, and one that needs it keeps the shallowest depth.
+struct DeepShape {
+  bool on = false;
+  int layers = 0;
+};
+inline constexpr int kDeepShare = 12;
+inline constexpr int kDeepMinLayers = 12, kDeepMaxLayers = 40;
+
+inline rc::Gen<DeepShape> gen_deep() {
+  using namespace rc;
+  return gen::build<DeepShape>(
+      gen::set(&DeepShape::on, gen::map(gen::inRange(0, kDeepShare), [](int i) { return i == kDeepShare - 1; })),
+      gen::set(&DeepShape::layers, gen::inRange(kDeepMinLayers, kDeepMaxLayers + 1)));
+}
+
+inline void apply_deep(const DeepShape& d, Case& c) {
+  if (!d.on) return;
+  c.model.layers = d.layers;
+  c.model.heads = 1, c.model.d_model = 4, c.model.ffn_mult = 1;
+  c.batch = std::min(c.batch, 2), c.seq = std::min(c.seq, 4);
+}
+
 inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
   using namespace rc;
   const auto rates = gen::container<std::array<double, kNumDropoutSites>>(gen_rate(o.force_dropout));
   const auto plan = o.plan ? gen::just(*o.plan) : gen_plan();
-  return gen::map(
+  const auto shallow =
       gen::build<Case>(
           gen::set(&Case::model, gen_model()), gen::set(&Case::dropout, rates),
           gen::set(&Case::dropout_impl, pick(DropoutImpl::explicit_mask, DropoutImpl::native)),
@@ -110,8 +141,14 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
           gen::set(&Case::inplace, pick(false, false, false, false, true)),
           gen::set(&Case::opt, pick(Optimizer::sgd, Optimizer::sgd, Optimizer::adam)),
           gen::set(&Case::resume, pick(0, 0, 0, 1, 2, 3)), gen::set(&Case::precision, gen_precision(o)),
-          gen::set(&Case::plan, plan)),
-      [o](Case c) {
+          gen::set(&Case::plan, plan));
+  // The deep shape first: RapidCheck shrinks a pair's first element first, so a deep failing Case is
+  // tried small (and shallower) before any of its other fields.
+  return gen::map(
+      gen::pair(gen_deep(), shallow),
+      [o](std::pair<DeepShape, Case> dc) {
+        Case c = std::move(dc.second);
+        apply_deep(dc.first, c);
         if (c.gp > 0.0) c.input_frozen = false;                         // the penalty is on dloss/dx
 #if !CKV_TORCH_AT_LEAST(2, 0)
         // LibTorch 1.13's CPU autocast cannot run a tied head in bf16 (check_environment).
@@ -147,16 +184,66 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
       });
 }
 
+// The generated Case with the `--only` fields. Where they contradict a field the generator chose (gp>0
+// fixed on a Case with a frozen input, fx=bn on one with too few values per channel, a resume position
+// past a fixed step count), the generator's fields go back to their defaults, first one at a time and
+// then cumulatively in line order, until the Case is valid; impl, device, seed and a fixed plan
+// (`check --plan`) are kept. Only fixed fields that contradict each other (or the defaults) are an error.
+inline Case apply_only(const Case& c, const std::string& only, bool plan_fixed) {
+  auto key = [](const std::string& tok) { return tok.substr(0, tok.find('=')); };
+  auto split = [](const std::string& line) {
+    std::vector<std::string> out;
+    std::istringstream in(line);
+    for (std::string t; in >> t;) out.push_back(t);
+    return out;
+  };
+  auto join = [](const std::vector<std::string>& toks) {
+    std::string out;
+    for (const auto& t : toks) out += (out.empty() ? "" : " ") + t;
+    return out;
+  };
+  std::string first_error;
+  try {
+    return case_from_line(to_line(c) + " " + only);
+  } catch (const CaseError& e) {
+    first_error = e.what();
+  }
+  std::vector<std::string> fixed = {"impl", "device", "seed"};
+  if (plan_fixed) fixed.push_back("plan");  // check --plan
+  for (const auto& t : split(only)) fixed.push_back(key(t));
+  auto is_fixed = [&](const std::string& tok) {
+    return std::find(fixed.begin(), fixed.end(), key(tok)) != fixed.end();
+  };
+  const std::vector<std::string> toks = split(to_line(c));
+  for (size_t i = 0; i < toks.size(); ++i) {
+    if (is_fixed(toks[i])) continue;
+    std::vector<std::string> t = toks;
+    t.erase(t.begin() + static_cast<std::ptrdiff_t>(i));
+    try {
+      return case_from_line(join(t) + " " + only);
+    } catch (const CaseError&) {
+    }
+  }
+  std::vector<std::string> t = toks;
+  for (size_t i = 0; i < t.size();) {
+    if (is_fixed(t[i])) {
+      ++i;
+      continue;
+    }
+    t.erase(t.begin() + static_cast<std::ptrdiff_t>(i));
+    try {
+      return case_from_line(join(t) + " " + only);
+    } catch (const CaseError&) {
+    }
+  }
+  throw CaseError("--only " + sanitize(only, 100) + " cannot apply to the generated case " + to_line(c) + ": " +
+                  first_error);
+}
+
 inline rc::Gen<Case> gen_case(const CaseGenOptions& o) {
   if (o.only.empty()) return gen_case_free(o);
-  return rc::gen::map(gen_case_free(o), [only = o.only](const Case& c) {
-    try {
-      return case_from_line(to_line(c) + " " + only);
-    } catch (const CaseError& e) {
-      throw CaseError("--only " + sanitize(only, 100) + " cannot apply to the generated case " + to_line(c) + ": " +
-                      e.what());
-    }
-  });
+  return rc::gen::map(gen_case_free(o),
+                      [only = o.only, plan = o.plan.has_value()](const Case& c) { return apply_only(c, only, plan); });
 }
 
 // A counterexample reads as the Case line.

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
+
 #include "properties/generators.hpp"
 #include "properties/property.hpp"
 #include "verifier/checkpoint/checkpoint.hpp"
@@ -42,6 +44,116 @@ RC_GTEST_PROP(Generators, EveryGeneratedCaseIsValidAndRoundTrips, ()) {
   RC_ASSERT(case_from_line(to_line(c)) == c);
 }
 
+// The base Case of the demonstrations below.
+const char* kBase = "layers=3 d=8 heads=2 ffn=2 vocab=5 drop=0.2,0.2,0.3,0.2 batch=2 seq=4 steps=2 plan=block seed=5";
+
+// A bounded share of the generated Cases is deep and narrow (gen_deep): enough of them for the bugs that
+// need many waiting checkpointed calls, few enough to keep a generated case cheap on average.
+TEST(Generators, ABoundedShareIsDeepAndNarrow) {
+  const rc::Gen<Case> g = gen_case(CaseGenOptions{});
+  constexpr int n = 1200;
+  int deep = 0, wraps32 = 0;
+  for (int i = 0; i < n; ++i) {
+    const Case c = g(rc::Random(static_cast<uint64_t>(i) + 1), 100).value();
+    if (c.model.layers < kDeepMinLayers) continue;
+    ++deep;
+    EXPECT_EQ(c.model.d_model, 4) << to_line(c);
+    EXPECT_LE(c.batch * c.seq, 8) << to_line(c);
+    const auto segs = c.plan.segments(c.model.layers, c.model.attention, c.model.tie == Tie::head);
+    const int checkpointed = static_cast<int>(std::count_if(segs.begin(), segs.end(), [](const auto& s) { return s.checkpointed; }));
+    wraps32 += checkpointed * (c.sched == Schedule::ffbb ? c.micro : 1) > 32;
+  }
+  EXPECT_GT(deep, n / kDeepShare / 2);
+  EXPECT_LT(deep, 2 * n / kDeepShare);
+  EXPECT_GT(wraps32, 0) << "no generated Case keeps more than 32 checkpointed calls waiting";
+}
+
+// Global state an implementation leaves behind (grad mode off, a double default dtype, in its forward
+// or its backward) is its finding, named where it happened, never a failure of the baseline or of
+// ckverify; the state is put back. An implementation that changes the state and restores it passes.
+TEST(Blame, GlobalStateLeftBehindIsTheImplementationsFinding) {
+  enum class Leave { grad_off, double_dtype, double_dtype_in_backward, restored };
+  struct Leaves : CheckpointImpl {
+    explicit Leaves(Leave l) : leave(l) {}
+    Leave leave;
+    std::unique_ptr<CheckpointImpl> inner = make_builtin();
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      if (leave == Leave::restored) {
+        const auto dtype = c10::get_default_dtype();
+        c10::set_default_dtype(caffe2::TypeMeta::Make<double>());
+        c10::set_default_dtype(dtype);
+      }
+      auto out = inner->run(call);
+      if (leave == Leave::grad_off) torch::GradMode::set_enabled(false);
+      if (leave == Leave::double_dtype) c10::set_default_dtype(caffe2::TypeMeta::Make<double>());
+      if (leave == Leave::double_dtype_in_backward)  // (the engine restores grad mode itself)
+        for (auto& t : out)
+          if (t.requires_grad())
+            t.register_hook([](const torch::Tensor& g) {
+              c10::set_default_dtype(caffe2::TypeMeta::Make<double>());
+              return g;
+            });
+      return out;
+    }
+  };
+  const Case c = case_from_line(std::string(kBase) + " impl=builtin");
+  for (const auto& [leave, what] : {std::pair{Leave::grad_off, "grad mode disabled after checkpointing segment 0"},
+                                    std::pair{Leave::double_dtype, "the default dtype set to double"},
+                                    std::pair{Leave::double_dtype_in_backward, "double after the backward"}}) {
+    Leaves impl(leave);
+    const auto fs = check_case(c, impl);
+    const Finding& f = finding(fs, "completes");
+    EXPECT_TRUE(f.failed()) << what << "\n" << failures(fs);
+    EXPECT_NE(f.detail.find(what), std::string::npos) << f.detail;
+    EXPECT_TRUE(torch::GradMode::is_enabled());
+    EXPECT_EQ(c10::get_default_dtype(), caffe2::TypeMeta::Make<float>());
+  }
+  Leaves restored(Leave::restored);
+  EXPECT_EQ(failures(check_case(c, restored)), "");
+}
+
+// An implementation whose outputs come back detached leaves x.grad undefined: a gradient finding that
+// says so, not an exception out of the comparison (which the CLI would call an internal error).
+TEST(Blame, DetachedOutputsAreAGradientFinding) {
+  struct Detaches : CheckpointImpl {
+    std::unique_ptr<CheckpointImpl> inner = make_builtin();
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      auto out = inner->run(call);
+      for (auto& t : out) t = t.detach();
+      return out;
+    }
+  };
+  Detaches impl;
+  const Case c = case_from_line(std::string(kBase) + " layers=1 steps=1 freeze=blocks impl=builtin");
+  std::vector<Finding> fs;
+  ASSERT_NO_THROW(fs = check_case(c, impl));
+  const Finding& f = finding(fs, "grad-baseline");
+  EXPECT_TRUE(f.failed()) << failures(fs);
+  const Finding& r = finding(fs, "grad-reference");
+  EXPECT_TRUE(r.failed()) << failures(fs);
+  EXPECT_NE(r.detail.find("no values (undefined)"), std::string::npos) << r.detail;
+}
+
+// --only fixes fields on every generated Case, also where the generator chose a field that contradicts
+// them (gp>0 needs a trainable input, fx=bn four values per channel, resume a position inside the run):
+// that field goes back to its default. Fields that contradict each other stay an error.
+TEST(Generators, OnlyFieldsApplyToEveryGeneratedCase) {
+  for (const std::string only : {"gp=0.1", "fx=bn", "resume=3 steps=2 micro=2", "gp=0.1 fx=none plan=block"}) {
+    CaseGenOptions o;
+    o.only = only;
+    const rc::Gen<Case> g = gen_case(o);
+    for (int i = 0; i < 300; ++i) {
+      const Case c = g(rc::Random(static_cast<uint64_t>(i) + 1), 100).value();
+      validate(c);
+      const Case again = case_from_line(to_line(c) + " " + only);
+      EXPECT_EQ(again, c) << only << ": " << to_line(c);
+    }
+  }
+  CaseGenOptions bad;
+  bad.only = "gp=0.1 input=frozen";
+  EXPECT_THROW(gen_case(bad)(rc::Random(1), 100).value(), CaseError);
+}
+
 // Every plan gets its own run, so each is exercised whatever the generator's luck.
 class EveryPlan : public ::testing::TestWithParam<const char*> {};
 TEST_P(EveryPlan, BuiltinHoldsWithDropout) {
@@ -66,7 +178,6 @@ struct FaultDemo {
   const char* exposing;  // Case line keys under which it must be killed
   const char* control;   // the same Case without its dimension, where it must survive ("" : no control)
 };
-const char* kBase = "layers=3 d=8 heads=2 ffn=2 vocab=5 drop=0.2,0.2,0.3,0.2 batch=2 seq=4 steps=2 plan=block seed=5";
 const FaultDemo kDemos[] = {
     {"no-preserve-rng", "", "drop=0"},
     {"per-segment-state", "micro=2 sched=ffbb", "micro=2 sched=fb"},
@@ -93,6 +204,7 @@ const FaultDemo kDemos[] = {
     {"leaf-input-recompute", "gp=0.1 pos=post attn=bidir plan=every2 layers=4", "pos=post attn=bidir plan=every2 layers=4"},
     {"reentrant-no-autocast", "prec=bf16", "prec=fp32"},
     {"carry-input-grads", "d=16 batch=8 seq=16 steps=3", "d=16 batch=8 seq=16 steps=2"},
+    {"rng-ring-32", "layers=12 micro=3 sched=ffbb", "layers=12 micro=2 sched=ffbb"},  // 36 / 24 calls waiting
 };
 
 Case demo_case(const std::string& keys, const std::string& impl) {

@@ -375,7 +375,8 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
                     {"killed_by", r.property},
                     {"cases_to_kill", killed ? r.failing_index + 1 : 0},
                     {"cases_run", r.ran},
-                    {"shrunk_case", killed ? to_line(r.failing_case) : ""}});
+                    {"shrunk_case", killed ? to_line(r.failing_case) : ""},
+                    {"shrink_cut_short", r.shrink_cut_short}});
   }
   std::cout << "\n"
             << (survivors ? "FAIL: " + std::to_string(survivors) + " fault(s) survived"

@@ -17,7 +17,7 @@ mis="$plugins/libckverify_misbehave.so"
 
 # Isolation: each way of dying is a completes finding with the case and a repro line.
 for mode in segv abort throw exit; do
-  expect 1 "a plugin that does $mode is a finding" -- "$ck" check --impl "$mis:mode=$mode" --cases 5 -j 2 \
+  expect 1 "a plugin that does $mode is a finding" -- "$ck" check --impl "$mis:mode=$mode" --plan block --cases 5 -j 2 \
     --json "$mode.json" --repro-file "$mode-repro.json" --time-budget 10
   grep -q "^FAILED completes" out.txt || { bad "$mode: headline"; cat out.txt; }
   grep -q "ckverify repro $mode-repro.json" out.txt || bad "$mode: no repro line"
@@ -27,23 +27,23 @@ grep -q "signal 11" segv.json || bad "segv: the signal is not named"
 expect 1 "repro replays the crash as a finding" -- "$ck" repro segv-repro.json
 grep -q "^FAILED completes" out.txt || bad "repro of a crash"
 start=$(date +%s)
-expect 1 "a plugin that hangs is a finding" -- "$ck" check --impl "$mis:mode=hang" --cases 3 -j 2 --case-timeout 2 \
+expect 1 "a plugin that hangs is a finding" -- "$ck" check --impl "$mis:mode=hang" --plan block --cases 3 -j 2 --case-timeout 2 \
   --time-budget 12 --json hang.json --repro-file hang-repro.json
 grep -q "per-case timeout of 2 s" hang.json || { bad "hang: timeout not named"; cat out.txt; }
 [ $(( $(date +%s) - start )) -le 60 ] || bad "a hanging plugin held ckverify for $(( $(date +%s) - start )) s"
 
 # Workers die with ckverify: a run stopped by SIGTERM (a CI timeout) leaves no worker behind.
-"$ck" check --impl "$mis:mode=hang,at=2" --cases 2 -j 2 --case-timeout 300 >/dev/null 2>&1 &
+"$ck" check --impl "$mis:mode=hang,at=2" --plan block --cases 2 -j 2 --case-timeout 300 >/dev/null 2>&1 &
 pid=$!; sleep 8; kill -TERM $pid; wait $pid 2>/dev/null; sleep 2
 pgrep -f "worker --impl $mis:mode=hang,at=2" >/dev/null && { bad "workers outlived a killed ckverify"; pkill -9 -f "worker --impl $mis:mode=hang,at=2"; }
 # A relative plugin path is stored absolute: the repro file replays from any directory.
 cp "$mis" mb.so
-expect 1 "a relative plugin path" -- "$ck" check --impl mb.so:mode=abort --cases 2 --repro-file rel.json
+expect 1 "a relative plugin path" -- "$ck" check --impl mb.so:mode=abort --plan block --cases 2 --repro-file rel.json
 mkdir -p elsewhere
 (cd elsewhere && "$ck" repro ../rel.json >../out.txt 2>&1); [ $? = 1 ] || { bad "repro of a relative plugin from elsewhere"; cat out.txt; }
 # The time budget bounds a run whose cases hang: cases in flight at the budget are stopped.
 start=$(date +%s)
-expect 1 "the budget cuts a hanging case" -- "$ck" check --impl "$mis:mode=hang" --cases 3 --case-timeout 300 --time-budget 5
+expect 1 "the budget cuts a hanging case" -- "$ck" check --impl "$mis:mode=hang" --plan block --cases 3 --case-timeout 300 --time-budget 5
 [ $(( $(date +%s) - start )) -le 30 ] || bad "a 5 s budget with hanging cases took $(( $(date +%s) - start )) s"
 expect 2 "an impl spec with a blank" -- "$ck" check --impl "dir with blank/x.so" --cases 1
 one_line_error "impl with a blank"
@@ -88,7 +88,9 @@ for name, r in b.items():
     x = a[name]
     assert r["killed"] and r["killed_by"] == x["killed_by"], (name, r, x)
     assert r["cases_to_kill"] == x["cases_to_kill"], (name, r["cases_to_kill"], x["cases_to_kill"])
-    assert strip(r["shrunk_case"]) == strip(x["shrunk_case"]), (name, r["shrunk_case"], x["shrunk_case"])
+    # A shrink the time budget cut short ends where the machine's speed left it: not comparable.
+    if not r["shrink_cut_short"] and not x["shrink_cut_short"]:
+        assert strip(r["shrunk_case"]) == strip(x["shrunk_case"]), (name, r["shrunk_case"], x["shrunk_case"])
     n += 1
 assert n >= 15, n
 print(f"{n} faults killed identically through the plugin")

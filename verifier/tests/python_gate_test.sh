@@ -29,7 +29,7 @@ expect 0 "use_reentrant=true within its documented limits" -- "$ck" check --impl
 expect 1 "use_reentrant=true loses a tied weight's gradient under bf16 autocast" -- "$ck" repro \
   "$here/../../fixtures/python/torch-reentrant-tied-head-autocast-cache__grad-baseline.json"
 grep -q "head.weight.grad" out.txt || { bad "tied head finding"; cat out.txt; }
-expect 1 "use_reentrant=true with a gradient penalty" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none --only gp=0.1 --cases 20
+expect 1 "use_reentrant=true with a gradient penalty" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none --only gp=0.1 --plan block --cases 20
 grep -q "incompatible with .grad()" out.txt || { bad "reentrant gp"; cat out.txt; }
 expect 1 "preserve_rng_state=false is killed by rng-replay" -- "$ck" check --impl $tuc:use_reentrant=false,preserve_rng_state=false \
   --only fx=none --cases 300
@@ -44,7 +44,7 @@ expect 2 "a callable that does not exist" -- "$ck" check --impl py:torch.utils.c
 one_line_error "missing callable"
 expect 2 "a spec without a callable" -- "$ck" check --impl py:torch --cases 1
 one_line_error "no callable"
-expect 1 "an option the function does not take is the implementation's error" -- "$ck" check --impl $tuc:use_reentrant=false,colour=1 --only fx=none --cases 3
+expect 1 "an option the function does not take is the implementation's error" -- "$ck" check --impl $tuc:use_reentrant=false,colour=1 --only fx=none --plan block --cases 3
 grep -q "keyword argument(s) colour" out.txt || { bad "unexpected kwarg"; cat out.txt; }
 
 # The recompute flag from Python: torch's non-reentrant checkpoint with ckverify's recompute-aware
@@ -89,7 +89,7 @@ expect 1 "selective checkpointing saving mm: the cached output mutated through a
   --impl 'py:ckverify.adapters:selective:ops=["aten.mm.default"]' --only gp=0 --cases 40
 grep -q "^FAILED grad-baseline" out.txt || { bad "SAC mm headline"; cat out.txt; }
 expect 1 "selective checkpointing refuses a double backward (torch's documented limit)" -- "$ck" check --impl "$sac" \
-  --only gp=0.1 --cases 5
+  --only gp=0.1 --plan block --cases 5
 grep -q "only allowed to backward once" out.txt || { bad "SAC double backward"; cat out.txt; }
 expect 2 "selective with an op torch does not have" -- "$ck" check --impl 'py:ckverify.adapters:selective:ops=["aten.no_such_op"]' --cases 1
 grep -q "torch has no op aten.no_such_op" err.txt || { bad "selective op message"; cat err.txt; }

@@ -11,7 +11,7 @@ const std::vector<ImplEntry>& catalogue() {
       inputs_only_grad(),        frozen_input_shortcut(), trains_frozen(),          first_output_only(),
       resume_no_rng(),           resume_rng_before(),    resume_no_optimizer(),     resume_no_running_stats(),
       resume_no_accumulation(),  reentrant_hooks(),      nograd_forward_cache(),    leaf_input_recompute(),
-      reentrant_no_autocast(),   carry_input_grads(),
+      reentrant_no_autocast(),   carry_input_grads(),     rng_ring(),
   };
   return v;
 }

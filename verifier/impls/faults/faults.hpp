@@ -20,6 +20,7 @@ ImplEntry no_restore_on_throw();   // global state restored only when the recomp
 ImplEntry no_version_check();      // inputs modified in place are recomputed from silently
 ImplEntry single_recompute();      // a second backward through the segment fails
 ImplEntry per_segment_state();     // RNG state kept per segment, not per call
+ImplEntry rng_ring();              // RNG states in a ring of 32 slots that wraps
 ImplEntry replays_effects();       // the recompute is not marked: side effects happen twice
 ImplEntry rng_left_advanced();     // the generators are not put back after the recompute
 ImplEntry keep_activations();      // recomputed activations kept alive until the step ends
