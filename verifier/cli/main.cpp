@@ -33,6 +33,9 @@
 
 #include <malloc.h>
 #include <sys/stat.h>
+
+#include <csignal>
+#include <cstdlib>
 #include <unistd.h>
 
 #include <filesystem>
@@ -117,6 +120,9 @@ struct GateOptions {
     o.shard_index = shard_index, o.shard_count = shard_count;
   }
 };
+
+// The longest --time-budget (about 3 years): longer ones would overflow the clock's nanoseconds.
+constexpr double kMaxBudget = 1e8;
 
 GateOptions gate_options(int jobs, double case_timeout, const std::string& shard) {
   GateOptions g;
@@ -205,7 +211,8 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   paths.emplace_back("--repro-file", repro_path);
   check_outputs(paths);
   if (cases < 1) throw UsageError("--cases must be >= 1");
-  if (!(budget > 0) || !std::isfinite(budget)) throw UsageError("--time-budget must be a finite number > 0");
+  if (!(budget > 0) || !std::isfinite(budget) || budget > kMaxBudget)
+    throw UsageError("--time-budget must be a number of seconds in (0, 1e8]");
   check_device(device, false);
   o.cases = cases;
   o.seed = seed;
@@ -332,7 +339,8 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
   if (!plugin.empty()) check_impl_spec(plugin);
   check_outputs({{"--json", json_path}});
   if (cases < 1) throw UsageError("--cases must be >= 1");
-  if (!(budget > 0) || !std::isfinite(budget)) throw UsageError("--time-budget must be a finite number > 0");
+  if (!(budget > 0) || !std::isfinite(budget) || budget > kMaxBudget)
+    throw UsageError("--time-budget must be a number of seconds in (0, 1e8]");
   check_device(device, false);
   std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device
             << (plugin.empty() ? "" : " via the plugin " + sanitize(plugin, 200)) << "\n\n";
@@ -479,7 +487,27 @@ int cmd_train(const std::string& path, int until, const std::string& save, const
   std::cout << "ckverify train: " << to_line(c) << "\n";
   if (run.position() > 0) std::cout << "resumed at micro-batch " << run.position() << "\n";
   int step = run.position() / c.micro;
-  for (const StepRecord& r : run.advance_to(target)) {
+  std::vector<StepRecord> steps;
+  // A run that stops with a checkpointed segment stopped in the implementation under test (what runs
+  // besides LibTorch and ckverify's model): its finding, as `check` reports it (completes), exit 1.
+  const auto segments = c.plan.segments(c.model.layers, c.model.attention, c.model.tie == Tie::head);
+  const bool checkpoints =
+      std::any_of(segments.begin(), segments.end(), [](const Segment& s) { return s.checkpointed; });
+  auto stopped = [&](const std::string& why) {
+    std::cout << "FAIL: the run stopped at micro-batch " << run.position() << " of " << run.end() << ": "
+              << sanitize(why, 400) << std::endl;
+    return kExitFailed;
+  };
+  try {
+    steps = run.advance_to(target);
+  } catch (const std::exception& e) {
+    if (!checkpoints) throw;
+    return stopped(e.what());
+  } catch (...) {
+    if (!checkpoints) throw;
+    return stopped("the implementation threw something that is not a std::exception");
+  }
+  for (const StepRecord& r : steps) {
     double loss = 0.0;
     for (size_t m = static_cast<size_t>(r.first_micro); m < r.losses.size(); ++m) loss += r.losses[m];
     std::cout << fmt::format("step {} loss {:.9g}{}\n", step++, loss,
@@ -506,7 +534,7 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
     throw UsageError("--plot must name a .png file");
   if (!plot_path.empty() && !report::gnuplot_available())
     throw EnvironmentError("--plot needs gnuplot (apt-get install gnuplot-nox), which is not on PATH");
-  if (cases < 1) throw UsageError("--cases must be >= 1");
+  if (cases < 1 || cases > 100000) throw UsageError("--cases must be in [1, 100000]");
   if (!path.empty() && cases_given) throw UsageError("--cases generates Cases: give it or a Case file, not both");
   check_device(device, false);
   std::vector<Case> todo;
@@ -1049,6 +1077,19 @@ int main(int argc, char** argv) {
   // The gate's tensors are tiny: one intra-op thread runs a case as fast as two (measured: 300 cases in
   // 13.75 s with one, 13.87 s with two, at half the CPU) and leaves the other cores to other work.
   torch::set_num_threads(1);
+  // Over a file-size limit (ulimit -f) a write fails with EFBIG and the output is reported unwritten
+  // (its temporary file removed), instead of the process dying of SIGXFSZ half-way through a file.
+  std::signal(SIGXFSZ, SIG_IGN);
+  // Temporary files (workers' scratch, plots) go under TMPDIR: one that is not a directory is this
+  // machine's problem, said up front, not an internal error half-way through a run.
+  if (const char* tmp = std::getenv("TMPDIR"); tmp && *tmp) {
+    struct stat st {};
+    if (::stat(tmp, &st) != 0 || !S_ISDIR(st.st_mode)) {
+      std::cerr << "ckverify: TMPDIR=" << sanitize(tmp, 200) << " is not a directory (set it to one, or unset it)"
+                << std::endl;
+      return kExitUsage;
+    }
+  }
   // A path option given as "" would silently write nothing.
   for (const CLI::App* sub : app.get_subcommands())
     for (const CLI::Option* opt : sub->get_options())

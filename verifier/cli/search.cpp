@@ -65,7 +65,7 @@ std::string outcome_code(const std::vector<Finding>& fs) {
 SearchResult search(const SearchOptions& o) {
   SearchResult s;
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.budget_s));
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(o.budget_s, 1e8)));
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   const int shard_n = std::max(1, o.shard_count);
   const int total = o.shard_index < o.cases ? (o.cases - o.shard_index + shard_n - 1) / shard_n : 0;

@@ -41,6 +41,20 @@ expect 2 "a plan whose first layer is past the limit" -- "$ck" check --plan from
 expect 2 "a device with a trailing blank" -- "$ck" check --cases 1 --device "cpu "
 one_line_error "device with a blank"
 expect 2 "an infinite time budget" -- "$ck" check --cases 1 --time-budget inf
+expect 2 "a time budget the clock cannot hold" -- "$ck" check --cases 1 --time-budget 1e10
+one_line_error "huge budget"
+expect 2 "faults: a time budget the clock cannot hold" -- "$ck" faults --cases 1 --time-budget 1e10
+expect 2 "audit-amp: more cases than it can hold" -- "$ck" audit-amp --cases 2000000000
+one_line_error "audit-amp huge --cases"
+expect 2 "TMPDIR that does not exist" -- env TMPDIR="$PWD/no-such-tmp" "$ck" check --cases 1
+one_line_error "TMPDIR missing"
+grep -q "TMPDIR=.*is not a directory" err.txt || bad "TMPDIR not named"
+# Over a file-size limit the report is refused whole (exit 2, no temporary file), not a SIGXFSZ death.
+(ulimit -f 1; "$ck" check --cases 3 --json fsize.json >/dev/null 2>err.txt); rc=$?
+[ "$rc" = 2 ] || { bad "a file-size limit: exit $rc, expected 2"; cat err.txt; }
+grep -q "cannot write fsize.json" err.txt || { bad "file-size limit message"; cat err.txt; }
+[ -e fsize.json ] && bad "a file-size limit left a report"
+ls -a | grep -q "^.ckverify-" && bad "a file-size limit left a temporary file"
 expect 2 "an empty output path" -- "$ck" check --cases 1 --json ""
 expect 2 "missing output directory" -- "$ck" check --cases 5 --json nodir/r.json
 [ ! -e nodir ] || bad "created output"
@@ -147,6 +161,10 @@ expect 0 "audit-amp with frozen parameters" -- "$ck" audit-amp frozen.json
 
 # bench: per-plan memory and time, loss curves, the growth law, the report with its plots.
 "$ck" case layers=4 d=8 heads=2 ffn=2 vocab=5 batch=2 seq=8 seed=3 > bench.json
+# `train` runs the implementation in ckverify's own process: one that throws is its finding (exit 1).
+"$ck" case layers=2 d=8 heads=2 ffn=2 vocab=5 batch=2 seq=4 gp=0.1 plan=block impl=single-recompute > train-throw.json
+expect 1 "train with an implementation that throws" -- "$ck" train train-throw.json
+grep -q "^FAIL: the run stopped at micro-batch 0 of 1: " out.txt || { bad "train: throw"; cat out.txt; }
 expect 0 "bench a Case" -- "$ck" bench bench.json --plans block,sqrt --warmup 0 --repeats 2 --json bench_out.json
 for p in none block sqrt; do grep -q "^$p " out.txt || bad "bench table lacks $p"; done
 grep -q '"forward_kept_bytes"' bench_out.json && grep -q '"loss_divergence": 0.0' bench_out.json || { bad "bench json"; head -c 600 bench_out.json; }
