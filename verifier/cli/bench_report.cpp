@@ -17,15 +17,36 @@ namespace {
 double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 std::string pct(double x) { return fmt::format("{:+.1f}%", 100.0 * x); }
 std::string bound_text(const PlanBench& p) { return p.overhead_bound < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * p.overhead_bound); }
-// Memory saved per unit of time overhead (the seed's "saving/overhead" ratio); "-" for none, "free"
-// for no measured overhead, and a "~" when the overhead is within the timing noise (the larger spread
-// of the plan's and none's steps).
-std::string ratio_text(const PlanBench& p, const BenchResult& r) {
-  if (p.plan == "none") return "-";
-  if (p.overhead <= 0) return p.saving > 0 ? "free" : "-";
-  const double noise = std::max(p.spread, r.plans.empty() ? 0.0 : r.plans.front().spread);
-  return fmt::format("{:.2f}{}", p.saving / p.overhead, p.overhead < noise ? "~" : "");
+// The overhead with its interval: "+23.6% [+22.0,+25.1]"; a "*" marks an interval over fewer rounds
+// than a 95% one needs.
+std::string overhead_text(const PlanBench& p) {
+  if (p.plan == "none" && p.impl.empty()) return "-";
+  return fmt::format("{} [{:+.1f},{:+.1f}]{}", pct(p.overhead), 100.0 * p.overhead_ci.lo, 100.0 * p.overhead_ci.hi,
+                     p.overhead_ci.coverage >= 0.95 ? "" : "*");
 }
+// Memory saved per unit of time overhead (the seed's "saving/overhead" ratio). Only where the overhead
+// is measured apart from zero: "noise" when its interval contains 0, "n/a" when the plan ran faster than
+// none (no overhead to divide by).
+std::string ratio_text(const PlanBench& p) {
+  if (p.plan == "none" && p.impl.empty()) return "-";
+  if (p.overhead_ci.contains(0.0)) return "noise";
+  if (p.overhead_ci.hi < 0) return "n/a";
+  return fmt::format("{:.2f}", p.saving / p.overhead);
+}
+std::string impl_tag(const BenchResult& r, const std::string& impl) {
+  for (size_t k = 0; k < r.impls.size(); ++k)
+    if (r.impls[k] == impl) return fmt::format("[{}]", k + 1);
+  return "-";
+}
+// "0.97x [0.95,0.99]: 3.0% faster", or "within noise" when the interval contains 1.
+std::string comparison_text(const ImplComparison& c) {
+  std::string verdict = c.ci.contains(1.0) ? "within noise (no difference this run can resolve)"
+                        : c.ratio < 1.0    ? fmt::format("{:.1f}% faster", 100.0 * (1.0 - c.ratio))
+                                           : fmt::format("{:.1f}% slower", 100.0 * (c.ratio - 1.0));
+  if (c.ci.coverage < 0.95) verdict += " (too few rounds for a 95% interval)";
+  return fmt::format("{:.3f}x [{:.3f},{:.3f}]: {}", c.ratio, c.ci.lo, c.ci.hi, verdict);
+}
+std::string row_name(const PlanBench& p) { return p.impl.empty() ? p.plan : p.plan + " (" + p.impl + ")"; }
 }  // namespace
 
 report::LinePlot amp_error_plot(const std::vector<AmpRow>& rows, const std::string& plan, const std::string& impl) {
@@ -54,24 +75,42 @@ std::string bench_table(const BenchResult& r) {
   size_t w = 8;  // the plan column fits strategy labels too
   bool verified = false;
   for (const PlanBench& p : r.plans) w = std::max(w, p.plan.size()), verified |= !p.verified.empty();
-  std::string s = fmt::format("{:<{}} {:>10} {:>8} {:>10} {:>10} {:>11} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10} {:>8} {:>9}{}\n",
-                              "plan", w, "peak MiB", "saving", "kept MiB", "step ms", "(spread)", "fwd ms", "bwd ms",
-                              "opt ms", "overhead", "bound", "tokens/s", "save/ovh", "loss dev",
-                              verified ? "  verified" : "");
+  std::string s;
+  if (r.impls.size() > 1) {
+    s += "implementations:";
+    for (size_t k = 0; k < r.impls.size(); ++k) s += fmt::format("  [{}] {}", k + 1, r.impls[k]);
+    s += "\n";
+  }
+  s += fmt::format("timed rounds: {} ({})\n\n", r.rounds, r.stopped);
+  s += fmt::format("{:<{}} {:>5} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>24} {:>7} {:>10} {:>8} {:>9}{}\n",
+                   "plan", w, "impl", "peak MiB", "saving", "kept MiB", "step ms", "(spread)", "fwd ms", "bwd ms", "opt ms",
+                   "overhead [95% interval]", "bound", "tokens/s", "save/ovh", "loss dev", verified ? "  verified" : "");
+  bool starred = false;
   for (const PlanBench& p : r.plans) {
+    const std::string tag = p.impl.empty() ? "-" : impl_tag(r, p.impl);
     if (!p.completed) {
-      s += fmt::format("{:<{}} FAILED: {}\n", p.plan, w, p.error);
+      s += fmt::format("{:<{}} {:>5} FAILED: {}\n", p.plan, w, tag, p.error);
       continue;
     }
-    s += fmt::format("{:<{}} {:>10.1f} {:>8} {:>10.1f} {:>10.1f} {:>11} {:>8.1f} {:>8.1f} {:>8.1f} {:>9} {:>7} {:>10.0f} {:>8} {:>9.1e}{}\n",
-                     p.plan, w, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s,
+    starred |= !(p.plan == "none" && p.impl.empty()) && p.overhead_ci.coverage < 0.95;
+    s += fmt::format("{:<{}} {:>5} {:>10.1f} {:>8} {:>10.1f} {:>10.1f} {:>8} {:>8.1f} {:>8.1f} {:>8.1f} {:>24} {:>7} {:>10.0f} {:>8} {:>9.1e}{}\n",
+                     p.plan, w, tag, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s,
                      fmt::format("({:.0f}%)", 100.0 * p.spread), 1e3 * p.forward_s, 1e3 * p.backward_s,
-                     1e3 * p.optimizer_s, p.plan == "none" ? "-" : pct(p.overhead), bound_text(p), p.tokens_per_s,
-                     ratio_text(p, r), p.loss_divergence,
-                     verified ? "  " + (p.verified.empty() ? std::string("-") : p.verified) : "");
+                     1e3 * p.optimizer_s, overhead_text(p), bound_text(p), p.tokens_per_s, ratio_text(p),
+                     p.loss_divergence, verified ? "  " + (p.verified.empty() ? std::string("-") : p.verified) : "");
     if (p.budget_batch > 0)
       s += fmt::format("{:<8}   within the budget: batch {} (peak {:.1f} MiB) at {:.0f} tokens/s\n", "",
                        p.budget_batch, mib(p.budget_peak), p.budget_tokens_per_s);
+  }
+  s += "overhead: median over the rounds of step / step(none) - 1, with its distribution-free 95% interval; "
+       "save/ovh only where that interval excludes 0 (noise: it does not)\n";
+  if (starred) s += "*: fewer timed rounds than a 95% interval needs (6); the interval is [min, max]\n";
+  for (const PlanBench& p : r.plans)
+    if (!p.verified_detail.empty()) s += fmt::format("verification of {} {}: {}\n  {}\n", row_name(p), p.verified, "shrunk to", p.verified_detail);
+  if (!r.comparisons.empty()) {
+    s += fmt::format("\nagainst [1] {} on the same plan (median of per-round step-time ratios, 95% interval):\n", r.impls.front());
+    for (const ImplComparison& c : r.comparisons)
+      s += fmt::format("  {:<{}} {:>5} {}\n", c.plan, w, impl_tag(r, c.impl), comparison_text(c));
   }
   if (!r.growth.empty()) {
     s += "\ngrowth (block parameters frozen; the step's peak above its start):\n";
@@ -92,6 +131,7 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
   json plans = json::array();
   for (const PlanBench& p : r.plans) {
     json j{{"plan", p.plan}, {"completed", p.completed}};
+    if (!p.impl.empty()) j["impl"] = p.impl;
     if (!p.verified.empty()) j["verified"] = p.verified;
     if (!p.completed) {
       j["error"] = p.error;
@@ -110,6 +150,9 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                 {"optimizer_s", p.optimizer_s},
                 {"tokens_per_s", p.tokens_per_s},
                 {"overhead", p.overhead},
+                {"overhead_interval", {p.overhead_ci.lo, p.overhead_ci.hi}},
+                {"overhead_interval_coverage", p.overhead_ci.coverage},
+                {"step_times_s", p.step_times},
                 {"overhead_bound", p.overhead_bound < 0 ? json(nullptr) : json(p.overhead_bound)},
                 {"losses", p.losses},
                 {"loss_divergence", p.loss_divergence}});
@@ -120,7 +163,14 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
   }
   json growth = json::array();
   for (const GrowthPoint& g : r.growth) growth.push_back({{"layers", g.layers}, {"none_bytes", g.none}, {"sqrt_bytes", g.sqrt}});
+  json comparisons = json::array();
+  for (const ImplComparison& c : r.comparisons)
+    comparisons.push_back({{"plan", c.plan}, {"impl", c.impl}, {"against", c.against}, {"ratio", c.ratio},
+                           {"interval", {c.ci.lo, c.ci.hi}}, {"coverage", c.ci.coverage},
+                           {"within_noise", c.ci.contains(1.0)}});
   json j{{"tool", "ckverify"},          {"command", "bench"},       {"impl", impl},
+         {"impls", r.impls},            {"rounds", r.rounds},       {"converged", r.converged},
+         {"stopped", r.stopped},        {"comparisons", comparisons},
          {"device", device},            {"threads", threads},       {"case", r.case_line},
          {"tokens_per_step", r.tokens_per_step}, {"plans", plans}, {"diverged", r.diverged},
          {"loss_tolerance", kLossTolerance}};
@@ -153,19 +203,27 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
 
   // Data.
   std::string csv =
-      "plan,total_peak_bytes,saving,forward_kept_bytes,step_peak_bytes,params_bytes,grads_bytes,optimizer_bytes,step_s,"
-      "step_spread,forward_s,backward_s,optimizer_s,overhead,overhead_bound,tokens_per_s,loss_divergence\n";
+      "plan,impl,total_peak_bytes,saving,forward_kept_bytes,step_peak_bytes,params_bytes,grads_bytes,optimizer_bytes,"
+      "step_s,step_spread,forward_s,backward_s,optimizer_s,overhead,overhead_lo,overhead_hi,overhead_bound,tokens_per_s,"
+      "loss_divergence\n";
+  auto quoted = [](const std::string& v) {
+    std::string q = "\"";
+    for (char ch : v) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    return q + "\"";
+  };
   for (const PlanBench& p : r.plans)
     if (p.completed)
-      csv += fmt::format("{},{},{:.6f},{},{},{},{},{},{:.6f},{:.4f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.2f},{:.3e}\n", p.plan,
-                         p.total_peak, p.saving, p.forward_kept, p.step_peak, p.params, p.grads, p.optimizer, p.step_s,
-                         p.spread, p.forward_s, p.backward_s, p.optimizer_s, p.overhead,
+      csv += fmt::format("{},{},{},{:.6f},{},{},{},{},{},{:.6f},{:.4f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.2f},{:.3e}\n",
+                         p.plan, quoted(p.impl), p.total_peak, p.saving, p.forward_kept, p.step_peak, p.params, p.grads,
+                         p.optimizer, p.step_s, p.spread, p.forward_s, p.backward_s, p.optimizer_s, p.overhead,
+                         p.overhead_ci.lo, p.overhead_ci.hi,
                          p.overhead_bound < 0 ? std::string() : fmt::format("{:.6f}", p.overhead_bound), p.tokens_per_s,
                          p.loss_divergence);
   write_atomically(path("plans.csv"), csv);
-  std::string losses = "plan,step,loss\n";
+  std::string losses = "plan,impl,step,loss\n";
   for (const PlanBench& p : r.plans)
-    for (size_t s = 0; s < p.losses.size(); ++s) losses += fmt::format("{},{},{:.17g}\n", p.plan, s, p.losses[s]);
+    for (size_t s = 0; s < p.losses.size(); ++s)
+      losses += fmt::format("{},{},{},{:.17g}\n", p.plan, quoted(p.impl), s, p.losses[s]);
   write_atomically(path("losses.csv"), losses);
   write_atomically(path("bench.json"), bench_json(r, impl, device, threads).dump(2) + "\n");
   if (!r.growth.empty()) {
@@ -190,7 +248,7 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
     for (const PlanBench& b : r.plans)
       if (b.completed) {
         report::Series s;
-        s.title = b.plan;
+        s.title = row_name(b);
         s.points_only = true;
         s.points.emplace_back(1e3 * b.step_s, mib(b.total_peak));
         p.series.push_back(s);
@@ -205,7 +263,7 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
     for (const PlanBench& b : r.plans)
       if (b.completed) {
         report::Series s;
-        s.title = b.plan;
+        s.title = row_name(b);
         for (size_t k = 0; k < b.losses.size(); ++k) s.points.emplace_back(static_cast<double>(k), b.losses[k]);
         p.series.push_back(s);
       }
@@ -240,24 +298,34 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
   std::string md = "# ckverify bench\n\n";
   md += fmt::format("Command: `{}`  \nImplementation: `{}`; device: {}; {} tokens per step.  \nCase: `{}`\n\n", command,
                     impl, device_note, r.tokens_per_step, r.case_line);
+  md += fmt::format("Timed rounds: {} ({}).\n\n", r.rounds, r.stopped);
   md += "Peak: parameters + optimizer state + the step's peak of tensor memory above its start (activations, "
-        "gradients as they are built, temporaries). Kept: what the forward keeps for backward. Times are medians "
-        "over the repeats (spread = (max - min) / median). Overhead: step time against `none`; bound: "
-        "T_fwd(recomputed units) / (T_fwd + T_bwd) measured on `none`. save/ovh: memory saving per unit of time "
-        "overhead (free: none measured; ~: the overhead is within the timing spread, so the ratio is noise-bound). loss dev: largest relative deviation of the plan's loss curve from `none`'s.\n\n";
+        "gradients as they are built, temporaries). Kept: what the forward keeps for backward. Every row trains one "
+        "step per round, the order rotating each round. Times are medians over the timed rounds (spread = (max - min) "
+        "/ median). Overhead: the median over the rounds of step / step(`none`) - 1, with its distribution-free 95% "
+        "interval (the order statistics of the per-round ratios; * marks fewer rounds than a 95% interval needs). "
+        "Bound: T_fwd(recomputed units) / (T_fwd + T_bwd) measured on `none`. save/ovh: memory saving per unit of "
+        "time overhead, only where the overhead's interval excludes 0 (noise: it does not). loss dev: largest relative "
+        "deviation of the row's loss curve from `none`'s.\n\n";
   md += "verified: the gate's verdict on generated Cases with the plan or strategy (`--verify-cases`).\n\n";
-  md += "| plan | peak MiB | saving | kept MiB | step ms | spread | fwd ms | bwd ms | opt ms | overhead | bound | tokens/s | "
-        "save/ovh | loss dev | verified |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  md += "| plan | impl | peak MiB | saving | kept MiB | step ms | spread | fwd ms | bwd ms | opt ms | overhead [95%] | bound | "
+        "tokens/s | save/ovh | loss dev | verified |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const PlanBench& p : r.plans) {
+    const std::string tag = p.impl.empty() ? "-" : "`" + p.impl + "`";
     if (!p.completed) {
-      md += fmt::format("| {} | FAILED: {} ||||||||||||||\n", p.plan, p.error);
+      md += fmt::format("| {} | {} | FAILED: {} |||||||||||||\n", p.plan, tag, p.error);
       continue;
     }
-    md += fmt::format("| {} | {:.1f} | {} | {:.1f} | {:.1f} | {:.0f}% | {:.1f} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {} | {:.1e} | {} |\n",
-                      p.plan, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s, 100.0 * p.spread,
-                      1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s, p.plan == "none" ? "-" : pct(p.overhead),
-                      bound_text(p), p.tokens_per_s, ratio_text(p, r), p.loss_divergence,
-                      p.verified.empty() ? "-" : p.verified);
+    md += fmt::format("| {} | {} | {:.1f} | {} | {:.1f} | {:.1f} | {:.0f}% | {:.1f} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {} | {:.1e} | {} |\n",
+                      p.plan, tag, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s, 100.0 * p.spread,
+                      1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s, overhead_text(p), bound_text(p),
+                      p.tokens_per_s, ratio_text(p), p.loss_divergence, p.verified.empty() ? "-" : p.verified);
+  }
+  if (!r.comparisons.empty()) {
+    md += fmt::format("\nAgainst `{}` on the same plan (median of the per-round step-time ratios, 95% interval):\n\n"
+                      "| plan | impl | ratio |\n|---|---|---|\n", r.impls.front());
+    for (const ImplComparison& c : r.comparisons)
+      md += fmt::format("| {} | `{}` | {} |\n", c.plan, c.impl, comparison_text(c));
   }
   bool budget = false;
   for (const PlanBench& p : r.plans) budget |= p.budget_batch > 0;
@@ -265,7 +333,7 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
     md += "\nLargest batch within the memory budget (measured at that batch):\n\n| plan | batch | peak MiB | tokens/s |\n|---|---:|---:|---:|\n";
     for (const PlanBench& p : r.plans)
       if (p.budget_batch > 0)
-        md += fmt::format("| {} | {} | {:.1f} | {:.0f} |\n", p.plan, p.budget_batch, mib(p.budget_peak), p.budget_tokens_per_s);
+        md += fmt::format("| {} | {} | {:.1f} | {:.0f} |\n", row_name(p), p.budget_batch, mib(p.budget_peak), p.budget_tokens_per_s);
   }
   md += "\n![memory vs time](memory_time.png)\n\n";
   md += r.diverged.empty() ? fmt::format("Loss curves: every plan's curve equals `none`'s within {:.0e} (relative).\n\n", kLossTolerance)

@@ -7,6 +7,7 @@
 // Exit codes: 0 every property held; 1 a property failed (or nothing was verified); 2 bad usage, bad
 // input, or a Case this machine cannot run; 3 internal error.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 
@@ -695,8 +696,10 @@ int64_t parse_bytes(const std::string& text) {
 }
 
 struct BenchArgs {
-  std::string case_path, preset, plans, impl = "builtin", device = "cpu", json_path, out_dir, budget;
-  int warmup = 1, repeats = 5, threads = 0;
+  std::string case_path, preset, plans, device = "cpu", json_path, out_dir, budget;
+  std::vector<std::string> impls;  // --impl, repeatable, each a comma list of specs
+  int warmup = 1, repeats = 8, max_repeats = 60, threads = 0;
+  double time_cap = 300, target = 0.02;
   bool growth = false, amp = false;
   std::string command;
   std::vector<std::string> strategies;  // --strategy SPEC, measured beside the plans
@@ -711,10 +714,49 @@ Plan parsed_plan(const std::string& text) {
   return p;
 }
 
+// `--impl A,B,...`: a comma starts the next spec unless what follows it, up to the next ':' or ',', is a
+// key=value option of the spec before (py:M:F:a=1,b=2); commas inside brackets or quotes never split.
+std::vector<std::string> split_impl_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (quoted) {
+      if (ch == '\\' && i + 1 < text.size()) {  // an escaped character, kept as written
+        cur += ch;
+        cur += text[++i];
+        continue;
+      }
+      if (ch == '"') quoted = false;
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == '[' || ch == '{') {
+      ++depth;
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    } else if (ch == ',' && depth == 0) {
+      const size_t end = text.find_first_of(",:", i + 1);
+      const std::string next = text.substr(i + 1, end == std::string::npos ? std::string::npos : end - i - 1);
+      if (next.find('=') == std::string::npos) {
+        out.push_back(cur);
+        cur.clear();
+        continue;
+      }
+    }
+    cur += ch;
+  }
+  out.push_back(cur);
+  for (const auto& spec : out)
+    if (spec.empty()) throw UsageError("--impl \"" + sanitize(text, 200) + "\" has an empty implementation in its list");
+  return out;
+}
+
 // The gate's verdict on one bench entry: `cases` generated Cases (small: the generator's, not the
 // bench Case) with the plan or the strategy, in this process.
 std::string bench_verdict(const std::string& impl, const std::optional<Plan>& plan, bool strategy, int cases,
-                          const std::string& only) {
+                          const std::string& only, std::string* detail_out) {
   SearchOptions so;
   so.gen.impl = impl;
   so.gen.plan = strategy ? std::optional<Plan>(Plan{PlanKind::every_block, 0}) : plan;
@@ -725,7 +767,13 @@ std::string bench_verdict(const std::string& impl, const std::optional<Plan>& pl
   so.budget_s = 300;
   so.max_shrink_runs = 200;
   const SearchResult s = search(so);
-  if (!s.property.empty()) return "FAILED " + s.property;
+  if (!s.property.empty()) {
+    std::string detail;
+    for (const Finding& f : s.findings)
+      if (f.property == s.property && f.failed()) detail = f.where + ": " + f.detail;
+    if (detail_out) *detail_out = to_line(s.failing_case) + (detail.empty() ? "" : "\n    " + detail.substr(0, detail.find('\n')));
+    return "FAILED " + s.property;
+  }
   return fmt::format("held ({}{})", s.ran, s.budget_hit ? ", budget" : "");
 }
 
@@ -734,7 +782,21 @@ int cmd_bench(BenchArgs a) {
   if (!a.case_path.empty() && !a.preset.empty()) throw UsageError("give a Case file or --preset, not both");
   if (!a.preset.empty() && a.preset != "seed-lab") throw UsageError("--preset \"" + sanitize(a.preset) + "\": known presets: seed-lab");
   if (a.warmup < 0 || a.warmup > 100) throw UsageError("--warmup must be in [0, 100]");
-  if (a.repeats < 1 || a.repeats > 100) throw UsageError("--repeats must be in [1, 100]");
+  // warmup + max_repeats steps stay within a Case's 1000.
+  if (a.repeats < 1 || a.repeats > 500) throw UsageError("--repeats must be in [1, 500]");
+  if (a.max_repeats < 1 || a.max_repeats > 500) throw UsageError("--max-repeats must be in [1, 500]");
+  a.max_repeats = std::max(a.max_repeats, a.repeats);
+  if (!(a.time_cap >= 0 && a.time_cap <= 86400)) throw UsageError("--time-cap must be in [0, 86400] seconds");
+  if (!(a.target > 0 && a.target <= 1)) throw UsageError("--target must be in (0, 1] (a relative half-width)");
+  std::vector<std::string> specs;
+  for (const auto& list : a.impls)
+    for (const auto& spec : split_impl_list(list)) {
+      if (std::find(specs.begin(), specs.end(), spec) != specs.end())
+        throw UsageError("--impl " + sanitize(spec, 200) + " is given twice");
+      specs.push_back(spec);
+    }
+  if (specs.empty()) specs.push_back("builtin");
+  const std::string impl_text = fmt::format("{}", fmt::join(specs, ","));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (a.threads < 0 || a.threads > 1024) throw UsageError("--threads must be in [1, 1024]");
   const int threads = a.threads > 0 ? a.threads : cores;
@@ -763,8 +825,12 @@ int cmd_bench(BenchArgs a) {
     throw UsageError("give a Case file or --preset seed-lab");
   }
   c.device = a.device;
-  c.impl = a.impl;
-  check_impl_spec(a.impl);
+  for (const auto& spec : specs) {
+    check_impl_spec(spec);
+    if (make_impl(spec)->is_strategy())
+      throw UsageError("--impl " + sanitize(spec, 200) + " is a strategy: measure it with --strategy");
+  }
+  c.impl = specs.front();
   validate(c);
   if (a.verify_cases < 0 || a.verify_cases > 100000) throw UsageError("--verify-cases must be in [0, 100000]");
   std::string only;
@@ -828,7 +894,8 @@ int cmd_bench(BenchArgs a) {
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   BenchOptions o;
-  o.warmup = a.warmup, o.repeats = a.repeats, o.memory_budget = budget, o.growth = a.growth;
+  o.warmup = a.warmup, o.repeats = a.repeats, o.max_repeats = a.max_repeats, o.memory_budget = budget;
+  o.time_cap_s = a.time_cap, o.target = a.target, o.growth = a.growth;
   for (const auto& [label, spec] : strategies)
     o.strategies.push_back({label, [spec = spec] { return make_impl(spec); }});
   const bool tty = ::isatty(STDERR_FILENO);
@@ -836,16 +903,19 @@ int cmd_bench(BenchArgs a) {
     if (tty) std::cerr << "\r\033[K" << s << std::flush;
   };
   const auto t0 = std::chrono::steady_clock::now();
-  BenchResult r = run_bench(c, plans, [impl = a.impl] { return make_impl(impl); }, o);
+  std::vector<BenchImpl> bench_impls;
+  for (const auto& spec : specs) bench_impls.push_back({spec, [spec = spec] { return make_impl(spec); }});
+  BenchResult r = run_bench(c, plans, bench_impls, o);
   if (a.verify_cases > 0) {
     // Correctness beside cost: the gate on every plan (with --impl) and every strategy.
     torch::set_num_threads(1);
     for (PlanBench& p : r.plans) {
       if (p.plan == "none") continue;
-      o.progress("verifying " + p.plan);
+      o.progress("verifying " + p.plan + (p.impl.empty() ? "" : " (" + p.impl + ")"));
       const auto st = std::find_if(strategies.begin(), strategies.end(), [&](const auto& e) { return e.first == p.plan; });
-      p.verified = st != strategies.end() ? bench_verdict(st->second, std::nullopt, true, a.verify_cases, only)
-                                          : bench_verdict(a.impl, parsed_plan(p.plan), false, a.verify_cases, only);
+      p.verified = p.impl.empty() && st != strategies.end()
+                       ? bench_verdict(st->second, std::nullopt, true, a.verify_cases, only, &p.verified_detail)
+                       : bench_verdict(p.impl, parsed_plan(p.plan), false, a.verify_cases, only, &p.verified_detail);
     }
     torch::set_num_threads(threads);
   }
@@ -856,28 +926,29 @@ int cmd_bench(BenchArgs a) {
     k.steps = 1;
     if (k.plan == Plan{}) k.plan = plans.size() > 1 ? plans[1] : Plan{PlanKind::every_block, 0};
     if (k.plan == Plan{}) k.plan = Plan{PlanKind::every_block, 0};
-    const auto im = make_impl(a.impl);
+    const auto im = make_impl(specs.front());
     amp = audit_amp(k, *im);
   }
   if (tty) std::cerr << "\r\033[K" << std::flush;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << fmt::format("ckverify bench: impl={} device={} threads={} warmup={} repeats={} ({:.0f} s)\ncase: {}\n\n",
-                           a.impl, a.device, threads, a.warmup, a.repeats, secs, r.case_line)
+  std::cout << fmt::format("ckverify bench: impl={} device={} threads={} warmup={} repeats={}..{} target=+-{:.1f}% ({:.0f} s)\ncase: {}\n",
+                           impl_text, a.device, threads, a.warmup, a.repeats, a.max_repeats, 100.0 * a.target, secs, r.case_line)
             << bench_table(r);
   if (amp)
     std::cout << fmt::format("\nAMP audit (plan {}): {}\n", amp->plan,
                              amp->exceeded.empty() && amp->failed.empty() ? "checkpoint drift within its allowance"
                                                                           : "checkpoint drift exceeds its allowance");
-  if (!a.json_path.empty()) write_atomically(a.json_path, bench_json(r, a.impl, a.device, threads).dump(2) + "\n");
+  if (!a.json_path.empty()) write_atomically(a.json_path, bench_json(r, impl_text, a.device, threads).dump(2) + "\n");
   if (!a.out_dir.empty()) {
-    write_bench_report(a.out_dir, r, amp ? &*amp : nullptr, a.impl, a.device, threads, a.command);
+    write_bench_report(a.out_dir, r, amp ? &*amp : nullptr, impl_text, a.device, threads, a.command);
     std::cout << "report: " << a.out_dir << "/report.md\n";
   }
   std::vector<std::string> failed;
+  auto row = [](const PlanBench& p) { return p.impl.empty() ? p.plan : p.plan + " (" + p.impl + ")"; };
   for (const PlanBench& p : r.plans)
-    if (!p.completed) failed.push_back(p.plan + ": " + p.error);
+    if (!p.completed) failed.push_back(row(p) + ": " + p.error);
   for (const PlanBench& p : r.plans)
-    if (p.verified.rfind("FAILED", 0) == 0) failed.push_back(p.plan + ": the gate " + p.verified);
+    if (p.verified.rfind("FAILED", 0) == 0) failed.push_back(row(p) + ": the gate " + p.verified);
   if (!failed.empty()) {
     std::cout << "FAIL: plan " << failed.front() << std::endl;
     return kExitFailed;
@@ -1050,16 +1121,29 @@ int main(int argc, char** argv) {
   bench->add_option("case", ba.case_path, "Case JSON file (or --preset)");
   bench->add_option("--preset", ba.preset, "seed-lab: seed 001's 20-layer lab and its 14 plans (D=256 on CPU, the seed's D=2048, B=2, S=2048 on CUDA)");
   bench->add_option("--plans", ba.plans, std::string("Comma list of plans (") + kPlanSpellings + "); none is always included");
-  bench->add_option("--impl", ba.impl, "Implementation doing the checkpointing")->capture_default_str();
+  bench->add_option("--impl", ba.impls,
+                    "Implementations doing the checkpointing, side by side (a comma list, or repeated; default builtin): "
+                    "every plan runs with each, and each is compared with the first")
+      ->allow_extra_args(false);
   bench->add_option("--strategy", ba.strategies,
-                    "A checkpointing strategy to measure beside the plans (repeatable; as for check --strategy)");
+                    "A checkpointing strategy to measure beside the plans (repeatable; as for check --strategy)")
+      ->allow_extra_args(false);
   bench->add_option("--verify-cases", ba.verify_cases,
                     "Generated Cases the gate runs on every plan and strategy for the verified column (0: none)")
       ->capture_default_str();
-  bench->add_option("--only", ba.only, "KEY=VALUE: a Case field the verification fixes (repeatable, as for check)");
+  bench->add_option("--only", ba.only, "KEY=VALUE: a Case field the verification fixes (repeatable, as for check)")
+      ->allow_extra_args(false);
   bench->add_option("--device", ba.device, "Device: cpu, cuda or cuda:N")->capture_default_str();
   bench->add_option("--warmup", ba.warmup, "Steps run before timing")->capture_default_str();
-  bench->add_option("--repeats", ba.repeats, "Timed steps (medians over them)")->capture_default_str();
+  bench->add_option("--repeats", ba.repeats, "Timed rounds at least (every row one step per round; medians over them)")
+      ->capture_default_str();
+  bench->add_option("--max-repeats", ba.max_repeats, "Timed rounds at most, while an interval is wider than --target")
+      ->capture_default_str();
+  bench->add_option("--time-cap", ba.time_cap, "Seconds of timed rounds after which no new round starts")
+      ->capture_default_str();
+  bench->add_option("--target", ba.target,
+                    "Relative half-width every 95% interval of a time ratio should reach (0.02: +-2%)")
+      ->capture_default_str();
   bench->add_option("--threads", ba.threads, "Intra-op threads (default: the machine's cores)");
   bench->add_option("--memory-budget", ba.budget, "Find each plan's largest batch within this peak (e.g. 512M, 2G)");
   bench->add_flag("--growth", ba.growth, "Also measure activation peak against depth (L = 4, 9, 16, 25, 36) for none and sqrt");

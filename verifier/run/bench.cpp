@@ -5,6 +5,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -52,8 +53,8 @@ struct Measured {
   std::vector<double> unit_forward;  // medians per unit
 };
 
-// Reduces one plan's record (steps = warmup + repeats).
-Measured reduce(const Case& c, RunRecord r, int warmup) {
+// Reduces one plan's record of `steps` steps (warmup + timed).
+Measured reduce(const Case& c, RunRecord r, int warmup, int steps) {
   Measured m;
   m.bench.plan = c.plan.to_string();
   m.record = std::move(r);
@@ -61,7 +62,7 @@ Measured reduce(const Case& c, RunRecord r, int warmup) {
   PlanBench& b = m.bench;
   b.completed = rec.completed;
   b.error = rec.error;
-  if (!rec.completed || rec.memory.steps.empty() || rec.steps.size() != static_cast<size_t>(c.steps)) {
+  if (!rec.completed || rec.memory.steps.empty() || rec.steps.size() != static_cast<size_t>(steps)) {
     if (b.error.empty()) b.error = "the run recorded " + std::to_string(rec.steps.size()) + " of its steps";
     b.completed = false;
     return m;
@@ -78,6 +79,7 @@ Measured reduce(const Case& c, RunRecord r, int warmup) {
     const StepTime& t = rec.times[k];
     fwd.push_back(t.forward), bwd.push_back(t.backward), upd.push_back(t.optimizer);
     step.push_back(t.forward + t.backward + t.optimizer);
+    b.step_times.push_back(step.back());
     units.resize(t.unit_forward.size());
     for (size_t u = 0; u < t.unit_forward.size() && u < units.size(); ++u) units[u].push_back(t.unit_forward[u]);
   }
@@ -100,14 +102,31 @@ Measured measure(const Case& c, CheckpointImpl* impl, int warmup) {
   TrainOptions opt;
   opt.record_sites = false;
   release_free_memory();
-  return reduce(c, train(c, impl, opt), warmup);
+  return reduce(c, train(c, impl, opt), warmup, c.steps);
 }
 
-// Trains every Case of `cases` (one per plan) step by step in turn, so that a machine whose speed
-// drifts during the benchmark (shared, throttled) slows every plan alike, and reduces each record.
+double step_time(const StepTime& t) { return t.forward + t.backward + t.optimizer; }
+
+// Per-round ratios a[k] / b[k] over the timed rounds both have.
+std::vector<double> paired_ratios(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (size_t k = 0; k < a.size() && k < b.size(); ++k)
+    if (b[k] > 0) r.push_back(a[k] / b[k]);
+  return r;
+}
+
+bool tight(const Interval& ci, double centre, double target) {
+  return ci.coverage >= 0.95 && (ci.hi - ci.lo) / 2 <= target * std::max(std::abs(centre), 1e-12);
+}
+
+// Trains every Case of `cases` (one per row) step by step in turn, rotating the order every round so
+// that no row always runs right after the same one, and reduces each record. Rounds past
+// `o.repeats` timed ones go on while any interval `wide` names is wider than the target.
 std::vector<Measured> measure_interleaved(const std::vector<Case>& cases,
-                                          const std::vector<std::unique_ptr<CheckpointImpl>>& impls, int warmup,
-                                          const std::function<void(const std::string&)>& say) {
+                                          const std::vector<std::unique_ptr<CheckpointImpl>>& impls,
+                                          const BenchOptions& o,
+                                          const std::function<bool(const std::vector<std::vector<double>>&)>& tight_enough,
+                                          BenchResult& out) {
   release_free_memory();
   MemoryReporting reporting;
   std::vector<std::unique_ptr<TrainingRun>> runs;
@@ -117,25 +136,63 @@ std::vector<Measured> measure_interleaved(const std::vector<Case>& cases,
     runs.push_back(std::make_unique<TrainingRun>(cases[i], impls[i].get()));
     runs.back()->record_sites(false);
   }
-  const int steps = cases.front().steps, micro = cases.front().micro;
-  for (int s = 0; s < steps; ++s)
-    for (size_t i = 0; i < runs.size(); ++i) {
+  const int micro = cases.front().micro, max_steps = cases.front().steps;
+  const size_t n = runs.size();
+  using clock = std::chrono::steady_clock;
+  clock::time_point timed_start = clock::now();
+  int steps = 0;
+  for (int s = 0; s < max_steps; ++s) {
+    if (s == o.warmup) timed_start = clock::now();
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (k + static_cast<size_t>(s)) % n;
       if (!errors[i].empty()) continue;
-      if (say) say(fmt::format("step {}/{}: {}", s + 1, steps, cases[i].plan.to_string()));
+      if (o.progress) o.progress(fmt::format("round {}/{}: {}", s + 1, max_steps, cases[i].plan.to_string()));
       try {
-        for (StepRecord& r : runs[i]->advance_to((s + 1) * micro)) steps_done[i].push_back(std::move(r));
+        // Only the losses are kept: a step's record also holds every gradient and parameter in double,
+        // which over many rounds of a large Case would not fit in memory.
+        for (StepRecord& r : runs[i]->advance_to((s + 1) * micro)) {
+          StepRecord kept;
+          kept.losses = std::move(r.losses);
+          steps_done[i].push_back(std::move(kept));
+        }
       } catch (const std::exception& e) {
         errors[i] = e.what();
       }
     }
-  std::vector<Measured> out;
-  for (size_t i = 0; i < runs.size(); ++i) {
+    steps = s + 1;
+    const int timed = steps - o.warmup;
+    if (timed < o.repeats && timed < o.max_repeats) continue;
+    std::vector<std::vector<double>> times(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (!errors[i].empty()) continue;
+      const RunRecord r = runs[i]->record();
+      for (size_t t = static_cast<size_t>(o.warmup); t < r.times.size(); ++t) times[i].push_back(step_time(r.times[t]));
+    }
+    if (tight_enough(times)) {
+      out.converged = true;
+      out.stopped = fmt::format("every interval within +-{:.1f}% after {} timed rounds", 100.0 * o.target, timed);
+      break;
+    }
+    if (timed >= o.max_repeats) {
+      out.stopped = fmt::format("{} timed rounds (the most allowed) with an interval still wider than +-{:.1f}%",
+                                timed, 100.0 * o.target);
+      break;
+    }
+    if (std::chrono::duration<double>(clock::now() - timed_start).count() > o.time_cap_s) {
+      out.stopped = fmt::format("the time cap ({:.0f} s of timed rounds) after {} rounds, an interval still wider "
+                                "than +-{:.1f}%", o.time_cap_s, timed, 100.0 * o.target);
+      break;
+    }
+  }
+  out.rounds = steps - o.warmup;
+  std::vector<Measured> measured;
+  for (size_t i = 0; i < n; ++i) {
     const std::runtime_error err(errors[i]);
     RunRecord r = runs[i]->record(errors[i].empty() ? nullptr : &err);
     r.steps = std::move(steps_done[i]);
-    out.push_back(reduce(cases[i], std::move(r), warmup));
+    measured.push_back(reduce(cases[i], std::move(r), o.warmup, steps));
   }
-  return out;
+  return measured;
 }
 
 // Units in checkpointed segments (those the backward recomputes), by forward index; empty when the
@@ -238,93 +295,152 @@ GrowthFit fit_growth(const std::vector<std::pair<double, double>>& points) {
   return best;
 }
 
-BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
-                      const std::function<std::unique_ptr<CheckpointImpl>()>& make_impl, const BenchOptions& o) {
-  if (o.warmup < 0 || o.repeats < 1) throw std::invalid_argument("bench: warmup >= 0 and repeats >= 1");
+Interval median_interval(std::vector<double> v, double confidence) {
+  Interval out;
+  if (v.empty()) return out;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  // coverage([x_(k), x_(n+1-k)]) = 1 - 2 P(Binomial(n, 1/2) <= k - 1), k = 1, 2, ...
+  std::vector<double> cdf(n + 1);
+  double pmf = std::pow(0.5, static_cast<double>(n)), acc = 0.0;
+  for (size_t j = 0; j <= n; ++j) {
+    acc += pmf;
+    cdf[j] = acc;
+    pmf *= static_cast<double>(n - j) / static_cast<double>(j + 1);
+  }
+  size_t k = 1;
+  while (k + 1 <= (n + 1) / 2 && 1.0 - 2.0 * cdf[k] >= confidence) ++k;
+  out.lo = v[k - 1], out.hi = v[n - k];
+  out.coverage = 1.0 - 2.0 * cdf[k - 1];
+  return out;
+}
+
+BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::vector<BenchImpl>& bench_impls,
+                      const BenchOptions& o) {
+  if (o.warmup < 0 || o.repeats < 1 || o.max_repeats < o.repeats || !(o.target > 0) || !(o.time_cap_s >= 0))
+    throw std::invalid_argument("bench: warmup >= 0, 1 <= repeats <= max_repeats, target > 0, time cap >= 0");
+  if (bench_impls.empty()) throw std::invalid_argument("bench: no implementation");
   BenchResult out;
   Case base = c;
-  base.steps = o.warmup + o.repeats;
+  base.steps = o.warmup + o.max_repeats;
   base.plan = Plan{};
   check_environment(base);
   out.case_line = to_line(base);
   out.tokens_per_step = base.batch * base.seq * base.micro;
+  for (const BenchImpl& b : bench_impls) out.impls.push_back(b.label);
   auto say = [&](const std::string& s) {
     if (o.progress) o.progress(s);
   };
 
-  // Every plan (none first: every plan is compared with it) trained step by step in turn.
+  // Rows: none first (every row is compared with it), then every plan with every implementation, then
+  // the strategies; all trained step by step in turn.
+  struct Row {
+    Plan plan;
+    int impl = -1;       // index into bench_impls; -1: none or a strategy
+    int strategy = -1;   // index into o.strategies
+  };
+  std::vector<Row> rows = {Row{}};
+  for (const Plan& p : plans)
+    if (p != Plan{})
+      for (size_t k = 0; k < bench_impls.size(); ++k) rows.push_back({p, static_cast<int>(k), -1});
+  for (size_t k = 0; k < o.strategies.size(); ++k) rows.push_back({Plan{PlanKind::every_block, 0}, -1, static_cast<int>(k)});
   std::vector<Case> cases;
   std::vector<std::unique_ptr<CheckpointImpl>> impls;
-  std::vector<Plan> order = {Plan{}};
-  for (const Plan& p : plans)
-    if (p != Plan{}) order.push_back(p);
-  for (const Plan& p : order) {
+  for (const Row& row : rows) {
     Case k = base;
-    k.plan = p;
+    k.plan = row.plan;
     cases.push_back(k);
-    impls.push_back(p == Plan{} ? nullptr : make_impl());
+    impls.push_back(row.strategy >= 0 ? o.strategies[row.strategy].make()
+                                      : row.impl >= 0 ? bench_impls[row.impl].make() : nullptr);
   }
-  for (const auto& s : o.strategies) {
-    Case k = base;
-    k.plan = Plan{PlanKind::every_block, 0};
-    cases.push_back(k);
-    impls.push_back(s.make());
+  // Pairs whose ratio is judged: every row against none, every implementation against the first.
+  std::vector<std::pair<size_t, size_t>> pairs;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    pairs.emplace_back(r, 0);
+    if (rows[r].impl > 0) pairs.emplace_back(r, r - rows[r].impl);
   }
-  const size_t total = o.growth ? 2 * o.growth_layers.size() : 0;
-  size_t done = 0;
-  std::vector<Measured> measured = measure_interleaved(cases, impls, o.warmup, o.progress);
+  auto tight_enough = [&](const std::vector<std::vector<double>>& times) {
+    for (const auto& [a, b] : pairs) {
+      const std::vector<double> q = paired_ratios(times[a], times[b]);
+      if (q.empty()) continue;  // a failed row: nothing to tighten
+      if (!tight(median_interval(q), median(q), o.target)) return false;
+    }
+    return true;
+  };
+  auto any_judged = [&](const std::vector<Measured>& m) {
+    for (const auto& [a, b] : pairs)
+      if (!paired_ratios(m[a].bench.step_times, m[b].bench.step_times).empty()) return true;
+    return pairs.empty();
+  };
+  std::vector<Measured> measured = measure_interleaved(cases, impls, o, tight_enough, out);
+  if (!any_judged(measured)) {
+    out.converged = false;
+    out.stopped = fmt::format("{} rounds; no row but none completed, so no interval", out.rounds);
+  }
+  base.steps = o.warmup + out.rounds;  // the steps every row trained
+  out.case_line = to_line(base);
   const Measured& none = measured.front();
   if (!none.bench.completed) throw std::runtime_error("bench: the run without checkpointing failed: " + none.bench.error);
   auto compare_with_none = [&](PlanBench& b) {
     b.saving = none.bench.total_peak > 0
                    ? 1.0 - static_cast<double>(b.total_peak) / static_cast<double>(none.bench.total_peak)
                    : 0.0;
-    b.overhead = none.bench.step_s > 0 ? b.step_s / none.bench.step_s - 1.0 : 0.0;
+    const std::vector<double> q = paired_ratios(b.step_times, none.bench.step_times);
+    b.overhead = q.empty() ? 0.0 : median(q) - 1.0;
+    b.overhead_ci = median_interval(q);
+    b.overhead_ci.lo -= 1.0, b.overhead_ci.hi -= 1.0;
     for (size_t s = 0; s < b.losses.size() && s < none.bench.losses.size(); ++s) {
       const double ref = none.bench.losses[s];
       b.loss_divergence = std::max(b.loss_divergence, std::abs(b.losses[s] - ref) / std::max(std::abs(ref), 1e-12));
     }
-    if (!(b.loss_divergence <= kLossTolerance)) out.diverged.push_back(b.plan);
+    if (!(b.loss_divergence <= kLossTolerance)) out.diverged.push_back(b.impl.empty() ? b.plan : b.plan + " (" + b.impl + ")");
   };
-  for (const Plan& p : plans) {
-    size_t idx = 0;
-    while (!(order[idx] == p)) ++idx;
-    PlanBench b = measured[idx].bench;
-    if (b.completed && p != Plan{}) {
-      const std::vector<bool> rec = recomputed_units(cases[idx], p, none.unit_forward.size());
-      if (!rec.empty() && none.bench.forward_s + none.bench.backward_s > 0) {
-        double t = 0.0;
-        for (size_t u = 0; u < rec.size(); ++u)
-          if (rec[u]) t += none.unit_forward[u];
-        b.overhead_bound = t / (none.bench.forward_s + none.bench.backward_s);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Row& row = rows[r];
+    PlanBench b = measured[r].bench;
+    if (row.strategy >= 0) {
+      b.plan = o.strategies[row.strategy].label;
+      b.overhead_bound = -1;  // which units it recomputes is the strategy's choice
+    } else {
+      if (row.impl >= 0) b.impl = bench_impls[row.impl].label;
+      if (b.completed && row.plan != Plan{}) {
+        const std::vector<bool> rec = recomputed_units(cases[r], row.plan, none.unit_forward.size());
+        if (!rec.empty() && none.bench.forward_s + none.bench.backward_s > 0) {
+          double t = 0.0;
+          for (size_t u = 0; u < rec.size(); ++u)
+            if (rec[u]) t += none.unit_forward[u];
+          b.overhead_bound = t / (none.bench.forward_s + none.bench.backward_s);
+        }
       }
     }
     if (b.completed) {
-      compare_with_none(b);
+      if (r > 0) compare_with_none(b);
       if (o.memory_budget > 0) {
-        if (o.progress) say(fmt::format("memory budget: {}", b.plan));
-        auto impl = p == Plan{} ? nullptr : make_impl();
-        budget_search(cases[idx], impl.get(), o.memory_budget, o, b);
-      }
-    }
-    out.plans.push_back(std::move(b));
-  }
-  for (size_t i = 0; i < o.strategies.size(); ++i) {
-    PlanBench b = measured[order.size() + i].bench;
-    b.plan = o.strategies[i].label;
-    b.overhead_bound = -1;  // which units it recomputes is the strategy's choice
-    if (b.completed) {
-      compare_with_none(b);
-      if (o.memory_budget > 0) {
-        say(fmt::format("memory budget: {}", b.plan));
-        auto impl = o.strategies[i].make();
-        Case k = cases[order.size() + i];
+        say(fmt::format("memory budget: {}{}", b.plan, b.impl.empty() ? "" : " (" + b.impl + ")"));
+        auto impl = row.strategy >= 0 ? o.strategies[row.strategy].make()
+                                      : row.impl >= 0 ? bench_impls[row.impl].make() : nullptr;
+        Case k = cases[r];
+        k.steps = o.warmup + o.repeats;
         budget_search(k, impl.get(), o.memory_budget, o, b);
       }
     }
     out.plans.push_back(std::move(b));
   }
+  for (size_t r = 1; r < rows.size(); ++r) {
+    if (rows[r].impl <= 0) continue;
+    const PlanBench& a = out.plans[r];
+    const PlanBench& first = out.plans[r - rows[r].impl];
+    if (!a.completed || !first.completed) continue;
+    ImplComparison cmp;
+    cmp.plan = a.plan, cmp.impl = a.impl, cmp.against = first.impl;
+    const std::vector<double> q = paired_ratios(a.step_times, first.step_times);
+    cmp.ratio = q.empty() ? 1.0 : median(q);
+    cmp.ci = median_interval(q);
+    out.comparisons.push_back(cmp);
+  }
 
+  const size_t total = o.growth ? 2 * o.growth_layers.size() : 0;
+  size_t done = 0;
   if (o.growth) {
     std::vector<std::pair<double, double>> pn, ps;
     for (int layers : o.growth_layers) {
@@ -351,7 +467,7 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans,
           stop = true;
           break;
         }
-        auto impl = k.plan == Plan{} ? nullptr : make_impl();
+        auto impl = k.plan == Plan{} ? nullptr : bench_impls.front().make();
         Measured m = measure(k, impl.get(), 0);
         if (!m.bench.completed) {
           if (k.plan == Plan{})

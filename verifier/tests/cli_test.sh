@@ -168,12 +168,16 @@ grep -q "^FAIL: the run stopped at micro-batch 0 of 1: " out.txt || { bad "train
 expect 0 "bench a Case" -- "$ck" bench bench.json --plans block,sqrt --warmup 0 --repeats 2 --json bench_out.json
 for p in none block sqrt; do grep -q "^$p " out.txt || bad "bench table lacks $p"; done
 grep -q '"forward_kept_bytes"' bench_out.json && grep -q '"loss_divergence": 0.0' bench_out.json || { bad "bench json"; head -c 600 bench_out.json; }
+expect 0 "bench: --impl before the Case file" -- "$ck" bench --impl builtin bench.json --plans block --repeats 6 --max-repeats 6
+grep -q "^timed rounds: 6 " out.txt || { bad "bench --impl then the Case: rounds"; cat out.txt; }
+expect 2 "bench: more rounds than a Case has steps" -- "$ck" bench bench.json --max-repeats 1000
+one_line_error "bench --max-repeats"
 expect 0 "bench report with growth" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 --growth --out rep
 for f in report.md bench.json plans.csv losses.csv growth.csv memory_time.png losses.png growth.png; do
   [ -s "rep/$f" ] || bad "bench report lacks $f"
 done
 grep -q "fitted peak = c + a \* L^k: none k = " out.txt || bad "bench growth fit missing"
-[ "$(grep -c -e "^none,0," -e "^block,0," rep/losses.csv)" = 2 ] || { bad "losses.csv lacks a plan's loss"; cat rep/losses.csv; }
+[ "$(grep -c -e '^none,"",0,' -e '^block,"builtin",0,' rep/losses.csv)" = 2 ] || { bad "losses.csv lacks a plan's loss"; cat rep/losses.csv; }
 grep -q "!\[growth\](growth.png)" rep/report.md || bad "report does not show the growth plot"
 expect 0 "bench with a memory budget" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 --memory-budget 2M
 grep -q "within the budget: batch" out.txt || { bad "no budget batch"; cat out.txt; }

@@ -126,6 +126,19 @@ grep -q "^FAILED recompute-count" out.txt || { bad "floor-bug headline"; cat out
 grep -q "where: *step [0-9]* micro [0-9]* block [0-9]" out.txt && grep -q "its forward ran 0 time" out.txt || { bad "floor-bug does not name the block"; cat out.txt; }
 expect 1 "and it replays" -- "$ck" repro ckverify-repro.json
 grep -q "^FAILED recompute-count" out.txt || bad "repro of the floor bug"
+# bench: implementations side by side in one process, in both orders. ckverify's checkpoint installs its
+# saved-tensor-hooks engine over Python's; torch.utils.checkpoint must still recompute (its hooks) and a
+# Python exception raised in its recompute must keep its message (exception-safe).
+"$ck" case layers=3 d=8 heads=2 ffn=2 vocab=5 batch=2 seq=8 seed=3 > side.json
+for order in "builtin,$tuc:use_reentrant=false" "$tuc:use_reentrant=false,builtin"; do
+  expect 0 "bench --impl $order" -- "$ck" bench side.json --plans block --impl "$order" --verify-cases 20 --only fx=none \
+    --repeats 6 --max-repeats 8 --json side-bench.json
+  [ "$(grep -c '^block .* held (20)' out.txt)" = 2 ] || { bad "bench --impl $order: both verified"; cat out.txt; }
+  grep -q "^  block .*\[2\] [0-9.]*x \[" out.txt || { bad "bench --impl $order: the comparison"; cat out.txt; }
+  python3 -c "import json; r=json.load(open('side-bench.json')); c=r['comparisons'][0]; assert len(r['impls'])==2 and c['plan']=='block' and 6 <= r['rounds'] <= 8 and c['coverage'] >= 0.95 and isinstance(c['within_noise'], bool), (r['rounds'], c)" \
+    || bad "bench --impl $order: json"
+done
+
 # bench: strategies beside the plans, each with the gate's verdict (the verified column).
 "$ck" case layers=4 d=16 heads=2 ffn=2 vocab=7 batch=2 seq=8 steps=3 attn=off seed=3 > lab-case.json
 expect 1 "bench with strategies, one of them wrong" -- "$ck" bench lab-case.json --plans every2 \

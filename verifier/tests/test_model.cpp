@@ -4,6 +4,10 @@
 // the taps record what they should.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
+#include <thread>
+
 #include "properties/property.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/model/model.hpp"
@@ -245,7 +249,7 @@ TEST(Bench, GrowthFitRecoversTheExponentDespiteAConstant) {
 TEST(Bench, PlansTrainIdenticallyAndCheckpointingKeepsLess) {
   Case c = case_from_line("layers=4 d=16 heads=2 ffn=4 vocab=7 batch=2 seq=16 seed=3");
   BenchOptions o;
-  o.warmup = 0, o.repeats = 2, o.growth = true, o.growth_layers = {1, 4, 9};
+  o.warmup = 0, o.repeats = 2, o.max_repeats = 2, o.growth = true, o.growth_layers = {1, 4, 9};
   std::vector<Plan> plans;
   for (const char* s : {"none", "block", "sqrt"}) {
     Plan p;
@@ -253,7 +257,7 @@ TEST(Bench, PlansTrainIdenticallyAndCheckpointingKeepsLess) {
     ASSERT_TRUE(Plan::parse(s, p, err));
     plans.push_back(p);
   }
-  const BenchResult r = run_bench(c, plans, [] { return make_builtin(); }, o);
+  const BenchResult r = run_bench(c, plans, {{"builtin", [] { return make_builtin(); }}}, o);
   ASSERT_EQ(r.plans.size(), 3u);
   for (const PlanBench& p : r.plans) {
     ASSERT_TRUE(p.completed) << p.plan << ": " << p.error;
@@ -277,16 +281,81 @@ TEST(Bench, GrowthReportsAFailingImplementationAndStopsShortAtALimit) {
   };
   Case c = case_from_line("layers=2 d=8 heads=2 ffn=2 vocab=5 batch=1 seq=4 seed=3");
   BenchOptions o;
-  o.warmup = 0, o.repeats = 1, o.growth = true, o.growth_layers = {1, 2, 4};
-  const BenchResult failing = run_bench(c, {Plan{}}, [] { return std::make_unique<Throws>(); }, o);
+  o.warmup = 0, o.repeats = 1, o.max_repeats = 1, o.growth = true, o.growth_layers = {1, 2, 4};
+  const BenchResult failing = run_bench(c, {Plan{}}, {{"throws", [] { return std::make_unique<Throws>(); }}}, o);
   ASSERT_EQ(failing.plans.size(), 1u);
   EXPECT_TRUE(failing.plans[0].completed);
   EXPECT_NE(failing.growth_failed.find("planted"), std::string::npos) << failing.growth_failed;
   o.growth_layers = {1, 2, 4, kMaxLayers + 1};
-  const BenchResult limited = run_bench(c, {Plan{}}, [] { return make_builtin(); }, o);
+  const BenchResult limited = run_bench(c, {Plan{}}, {{"builtin", [] { return make_builtin(); }}}, o);
   EXPECT_EQ(limited.growth.size(), 3u);
   EXPECT_EQ(limited.growth_stopped.rfind("L=65", 0), 0u) << limited.growth_stopped;
   EXPECT_TRUE(limited.growth_failed.empty());
+}
+
+// The order-statistic interval for a median: its coverage is exact and one wild outlier cannot move it.
+TEST(Bench, MedianIntervalIsDistributionFree) {
+  const Interval few = median_interval({3, 1, 2, 5, 4});
+  EXPECT_EQ(few.lo, 1);
+  EXPECT_EQ(few.hi, 5);
+  EXPECT_NEAR(few.coverage, 1 - 2.0 / 32, 1e-12);  // below 95%: too few samples
+  const Interval six = median_interval({6, 1, 2, 5, 4, 3});
+  EXPECT_EQ(six.lo, 1);
+  EXPECT_EQ(six.hi, 6);
+  EXPECT_NEAR(six.coverage, 1 - 2.0 / 64, 1e-12);
+  std::vector<double> v;
+  for (int i = 1; i <= 20; ++i) v.push_back(i);
+  const Interval twenty = median_interval(v);
+  EXPECT_EQ(twenty.lo, 6);  // P(Binomial(20, 1/2) <= 5) = 0.0207: coverage 95.9%; k = 7 would be 88.5%
+  EXPECT_EQ(twenty.hi, 15);
+  EXPECT_NEAR(twenty.coverage, 0.958610535, 1e-8);
+  v.back() = 1e9;
+  EXPECT_EQ(median_interval(v).hi, 15);
+  EXPECT_EQ(median_interval({}).coverage, 0.0);
+  EXPECT_EQ(median_interval({7}).lo, 7);
+}
+
+// Several implementations side by side: every plan runs with each, each is compared with the first per
+// round, and an implementation that really is slower is told apart from one that is not.
+TEST(Bench, ImplementationsSideBySideWithIntervals) {
+  struct Slow : CheckpointImpl {
+    std::unique_ptr<CheckpointImpl> inner = make_builtin();
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(15));
+      return inner->run(call);
+    }
+  };
+  Case c = case_from_line("layers=2 d=8 heads=2 ffn=2 vocab=5 batch=1 seq=4 seed=3");
+  BenchOptions o;
+  o.warmup = 1, o.repeats = 6, o.max_repeats = 12, o.time_cap_s = 60;
+  Plan block;
+  std::string err;
+  ASSERT_TRUE(Plan::parse("block", block, err));
+  const BenchResult r = run_bench(c, {Plan{}, block},
+                                  {{"builtin", [] { return make_builtin(); }},
+                                   {"slow", [] { return std::make_unique<Slow>(); }}},
+                                  o);
+  ASSERT_EQ(r.impls, (std::vector<std::string>{"builtin", "slow"}));
+  ASSERT_EQ(r.plans.size(), 3u);  // none, block with each
+  EXPECT_EQ(r.plans[1].impl, "builtin");
+  EXPECT_EQ(r.plans[2].impl, "slow");
+  EXPECT_GE(r.rounds, 6);
+  EXPECT_LE(r.rounds, 12);
+  EXPECT_FALSE(r.stopped.empty());
+  for (const PlanBench& p : r.plans) {
+    ASSERT_TRUE(p.completed) << p.plan << ": " << p.error;
+    EXPECT_EQ(p.step_times.size(), static_cast<size_t>(r.rounds));
+    EXPECT_EQ(p.losses, r.plans[0].losses);
+  }
+  ASSERT_EQ(r.comparisons.size(), 1u);
+  const ImplComparison& cmp = r.comparisons[0];
+  EXPECT_EQ(cmp.impl, "slow");
+  EXPECT_EQ(cmp.against, "builtin");
+  EXPECT_GE(cmp.ci.coverage, 0.95);
+  EXPECT_GT(cmp.ci.lo, 1.0) << "15 ms per segment call on a step of a few ms";
+  EXPECT_GT(r.plans[2].overhead_ci.lo, 0.0);
+  EXPECT_LE(r.plans[1].overhead_ci.lo, r.plans[1].overhead);
+  EXPECT_GE(r.plans[1].overhead_ci.hi, r.plans[1].overhead);
 }
 
 }  // namespace
