@@ -718,36 +718,15 @@ Plan parsed_plan(const std::string& text) {
 // key=value option of the spec before (py:M:F:a=1,b=2); commas inside brackets or quotes never split.
 std::vector<std::string> split_impl_list(const std::string& text) {
   std::vector<std::string> out;
-  std::string cur;
-  int depth = 0;
-  bool quoted = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (quoted) {
-      if (ch == '\\' && i + 1 < text.size()) {  // an escaped character, kept as written
-        cur += ch;
-        cur += text[++i];
-        continue;
-      }
-      if (ch == '"') quoted = false;
-    } else if (ch == '"') {
-      quoted = true;
-    } else if (ch == '[' || ch == '{') {
-      ++depth;
-    } else if ((ch == ']' || ch == '}') && depth > 0) {
-      --depth;
-    } else if (ch == ',' && depth == 0) {
-      const size_t end = text.find_first_of(",:", i + 1);
-      const std::string next = text.substr(i + 1, end == std::string::npos ? std::string::npos : end - i - 1);
-      if (next.find('=') == std::string::npos) {
-        out.push_back(cur);
-        cur.clear();
-        continue;
-      }
-    }
-    cur += ch;
+  size_t start = 0;
+  for (size_t comma = top_level_comma(text, 0); comma < text.size(); comma = top_level_comma(text, comma + 1)) {
+    const size_t end = text.find_first_of(",:", comma + 1);
+    const std::string next = text.substr(comma + 1, end == std::string::npos ? std::string::npos : end - comma - 1);
+    if (next.find('=') != std::string::npos) continue;  // an option of the spec before
+    out.push_back(text.substr(start, comma - start));
+    start = comma + 1;
   }
-  out.push_back(cur);
+  out.push_back(text.substr(start));
   for (const auto& spec : out)
     if (spec.empty()) throw UsageError("--impl \"" + sanitize(text, 200) + "\" has an empty implementation in its list");
   return out;

@@ -20,6 +20,29 @@ SpecKind spec_kind(const std::string& spec) {
   return SpecKind::name;
 }
 
+size_t top_level_comma(const std::string& text, size_t from, bool* closed) {
+  int depth = 0;
+  bool quoted = false;
+  for (size_t i = from; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (quoted) {
+      if (ch == '\\') ++i;
+      else if (ch == '"') quoted = false;
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == '[' || ch == '{') {
+      ++depth;
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    } else if (ch == ',' && depth == 0) {
+      if (closed) *closed = true;
+      return i;
+    }
+  }
+  if (closed) *closed = !quoted && depth == 0;
+  return text.size();
+}
+
 ImplSpec parse_spec(const std::string& spec) {
   ImplSpec s;
   std::string rest;
@@ -40,27 +63,10 @@ ImplSpec parse_spec(const std::string& spec) {
   const bool json_values = spec_kind(spec) == SpecKind::python;  // a plugin's values are plain strings
   auto next_comma = [&](size_t from) {
     if (!json_values) return std::min(rest.find(',', from), rest.size());
-    int depth = 0;
-    bool quoted = false;
-    for (size_t i = from; i < rest.size(); ++i) {
-      const char ch = rest[i];
-      if (quoted) {
-        if (ch == '\\') ++i;
-        else if (ch == '"') quoted = false;
-      } else if (ch == '"') {
-        quoted = true;
-      } else if (ch == '[' || ch == '{') {
-        ++depth;
-      } else if ((ch == ']' || ch == '}') && depth > 0) {
-        --depth;
-      } else if (ch == ',' && depth == 0) {
-        return i;
-      }
-    }
-    if (quoted || depth != 0)
-      throw std::invalid_argument("--impl " + sanitize(spec, 200) + ": an option value has an unclosed " +
-                                  (quoted ? "quote" : "bracket"));
-    return rest.size();
+    bool closed = true;
+    const size_t comma = top_level_comma(rest, from, &closed);
+    if (!closed) throw std::invalid_argument("--impl " + sanitize(spec, 200) + ": an option value has an unclosed quote or bracket");
+    return comma;
   };
   size_t pos = 0;
   while (!rest.empty() && pos <= rest.size()) {

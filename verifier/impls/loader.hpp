@@ -24,6 +24,9 @@ struct ImplSpec {
 };
 // Splits "TARGET[:k=v,...]"; throws std::invalid_argument on a malformed option list.
 ImplSpec parse_spec(const std::string& spec);
+// The first comma at or after `from` that is outside a JSON value ([...], {...}, "..." with \ escapes),
+// or text.size() when there is none; `closed` (when given) says whether every quote and bracket closed.
+size_t top_level_comma(const std::string& text, size_t from, bool* closed = nullptr);
 
 // Loads (once per process) and instantiates a plugin.
 std::unique_ptr<CheckpointImpl> load_plugin(const std::string& spec);
