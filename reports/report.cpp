@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <stdexcept>
 
 namespace ckv::report {
@@ -46,24 +48,64 @@ std::string md_cell(const std::string& s) {
   return out;
 }
 
+std::string skipped_note(const PropertyResult& p) {
+  return p.skipped_failures ? fmt::format("would have failed on {} case(s)", p.skipped_failures)
+                            : std::string("held or did not apply on every case");
+}
+
+std::string skipped_names(const Report& r) {
+  std::string names;
+  for (const auto& p : r.properties)
+    if (p.skipped) names += (names.empty() ? "" : ", ") + p.name;
+  return names;
+}
+
+// A report's findings: the first, then the further ones.
+std::vector<const Failure*> failures_of(const Report& r) {
+  std::vector<const Failure*> all;
+  if (r.failure) all.push_back(&*r.failure);
+  for (const auto& f : r.further) all.push_back(&f);
+  return all;
+}
+
+// The finding whose own property is `name` (the first or a further one), if any.
+const Failure* failure_of(const Report& r, const std::string& name) {
+  if (r.failure && r.failure->property == name) return &*r.failure;
+  for (const auto& f : r.further)
+    if (f.property == name) return &f;
+  return nullptr;
+}
+
 }  // namespace
 
 std::string to_console(const Report& r) {
   std::string out;
   if (r.failure) {
-    const Failure& f = *r.failure;
-    out += fmt::format("FAILED {}\n  case:    {}\n  where:   {}\n  detail:  {}\n  seed:    {}\n", f.property,
-                       f.case_line, f.where, f.detail, f.seed);
-    for (const auto& [p, w] : f.also) out += fmt::format("  also:    {} failed at {}\n", p, w);
-    if (!f.repro.empty()) out += "  repro:   " + f.repro + "\n";
-    if (f.passing_before >= 0)
-      out += fmt::format("  found after {} passing case(s){}\n", f.passing_before,
-                         r.shrink_note.empty() ? "" : ", then " + r.shrink_note);
+    const size_t n = 1 + r.further.size();
+    auto block = [&](const Failure& f, size_t k, const std::string& note) {
+      out += fmt::format("{}FAILED {}{}\n  case:    {}\n  where:   {}\n  detail:  {}\n  seed:    {}\n",
+                         k ? "\n" : "", f.property, n > 1 ? fmt::format(" (finding {} of {})", k + 1, n) : "",
+                         f.case_line, f.where, f.detail, f.seed);
+      for (const auto& [p, w] : f.also) out += fmt::format("  also:    {} failed at {}\n", p, w);
+      if (!skipped_names(r).empty())
+        out += fmt::format("  skipped: {} (set aside: {})\n", skipped_names(r), r.skip_reason);
+      if (!f.repro.empty()) out += "  repro:   " + f.repro + "\n";
+      if (f.passing_before >= 0)
+        out += fmt::format(k ? "  found at case {}{}\n" : "  found after {} passing case(s){}\n", f.passing_before,
+                           note.empty() ? "" : ", then " + note);
+    };
+    block(*r.failure, 0, r.shrink_note);
+    for (size_t k = 0; k < r.further.size(); ++k) block(r.further[k], k + 1, r.further[k].shrink_note);
   } else if (r.command == "repro") {
     for (const auto& p : r.properties)
-      out += fmt::format("{}{}: {}\n", p.not_applicable ? "n/a   " : "held  ", p.name, p.detail);
+      out += p.skipped ? fmt::format("skipped {}: {} ({})\n", p.name, r.skip_reason, skipped_note(p))
+                       : fmt::format("{}{}: {}\n", p.not_applicable ? "n/a   " : "held  ", p.name, p.detail);
   } else {
     for (const auto& p : r.properties) {
+      if (p.skipped) {
+        out += fmt::format("skipped {}: {} ({})\n", p.name, r.skip_reason, skipped_note(p));
+        continue;
+      }
       const int n = applied(r, p);
       out += fmt::format("{}{} on {}/{} cases{}\n", n > 0 ? "held  " : "NOT RUN ", p.name, p.held, n,
                          p.not_applicable
@@ -74,12 +116,19 @@ std::string to_console(const Report& r) {
       out += fmt::format("time budget of {} s reached after {} of {} cases\n", r.time_budget_s, r.cases_run,
                          r.cases_requested);
     if (r.cases_run == 0) out += "no case ran within the time budget: nothing was verified\n";
+    else if (r.cases_run < (r.min_cases + r.shard_count - 1) / r.shard_count)
+      out += fmt::format("only {} case(s) ran, fewer than --min-cases {}{}: too little was verified\n", r.cases_run,
+                         r.min_cases, r.shard_count > 1 ? fmt::format(" (this shard's share: 1/{})", r.shard_count) : "");
   }
   if (!r.error.empty()) out += "internal error: " + r.error + "\n";
   if (r.command == "repro")
     out += r.exit_code == 0 ? "PASS\n" : "FAIL\n";
   else
-    out += fmt::format("{}: {} case(s) in {:.1f} s\n", r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run, r.elapsed_s);
+    out += r.time_budget_hit && !r.failure
+               ? fmt::format("{}: {} of {} case(s) in {:.1f} s (time budget reached)\n",
+                             r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run, r.cases_requested, r.elapsed_s)
+               : fmt::format("{}: {} case(s) in {:.1f} s\n", r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run,
+                             r.elapsed_s);
   return out;
 }
 
@@ -88,8 +137,10 @@ std::string to_json(const Report& r) {
   json props = json::array();
   for (const auto& p : r.properties)
     props.push_back({{"property", p.name},
-                     {"held", !p.failed && applied(r, p) > 0},
+                     {"held", !p.failed && !p.skipped && applied(r, p) > 0},
                      {"failed", p.failed},
+                     {"skipped", p.skipped},
+                     {"cases_failed_while_skipped", p.skipped_failures},
                      {"cases_held", p.held},
                      {"not_applicable", p.not_applicable},
                      {"not_applicable_why", p.not_applicable_why},
@@ -110,21 +161,30 @@ std::string to_json(const Report& r) {
             {"properties", props},
             {"exit_code", r.exit_code}};
   if (!r.only.empty()) j["only"] = r.only;
+  if (!r.skip_reason.empty()) j["skip_reason"] = r.skip_reason;
+  if (r.min_cases > 0) j["min_cases"] = r.min_cases;
   if (r.command == "check") {
     j["shard"] = fmt::format("{}/{}", r.shard_index + 1, r.shard_count);
     json outcomes = json::array();
     for (const auto& [i, code] : r.outcomes) outcomes.push_back(json::array({i, code}));
     j["case_outcomes"] = outcomes;
   }
-  if (r.failure) {
-    const Failure& f = *r.failure;
+  auto failure_json = [](const Failure& f, const std::string& shrink_note) {
     json also = json::array();
     for (const auto& [p, w] : f.also) also.push_back({{"property", p}, {"where", w}});
-    j["failure"] = {
+    json x = {
         {"property", f.property},           {"where", f.where}, {"detail", f.detail}, {"case_line", f.case_line},
         {"case", json::parse(f.case_json)}, {"repro", f.repro}, {"seed", f.seed},     {"also", also}};
-    if (f.passing_before >= 0) j["failure"]["case_index"] = f.passing_before;
-    if (!r.shrink_note.empty()) j["failure"]["shrink_note"] = r.shrink_note;
+    if (f.passing_before >= 0) x["case_index"] = f.passing_before;
+    if (!shrink_note.empty()) x["shrink_note"] = shrink_note;
+    return x;
+  };
+  if (r.failure) j["failure"] = failure_json(*r.failure, r.shrink_note);
+  if (r.max_findings > 1) {
+    j["max_findings"] = r.max_findings;
+    json further = json::array();
+    for (const auto& f : r.further) further.push_back(failure_json(f, f.shrink_note));
+    j["further_failures"] = further;
   }
   if (!r.error.empty()) j["error"] = r.error;
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
@@ -134,7 +194,7 @@ std::string to_junit_xml(const Report& r) {
   int failures = 0, skipped = 0;
   for (const auto& p : r.properties) {
     failures += p.failed;
-    skipped += !p.failed && applied(r, p) == 0;
+    skipped += p.skipped || (!p.failed && applied(r, p) == 0);
   }
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   out += fmt::format(
@@ -148,7 +208,14 @@ std::string to_junit_xml(const Report& r) {
       r.seed, xml_escape(r.plan), r.cases_run, xml_escape(r.torch));
   for (const auto& p : r.properties) {
     out += fmt::format("    <testcase classname=\"ckverify.{}\" name=\"{}\">", xml_escape(r.impl), xml_escape(p.name));
-    if (p.failed && r.failure) {
+    if (p.skipped) {
+      out += fmt::format("<skipped message=\"set aside (--skip): {}; {}\"/>", xml_escape(r.skip_reason),
+                         xml_escape(skipped_note(p)));
+    } else if (const Failure* own = failure_of(r, p.name); p.failed && own) {
+      out += fmt::format("\n      <failure message=\"{}\">{}\ncase: {}\nseed: {}\n{}</failure>\n    ",
+                         xml_escape(own->where), xml_escape(own->detail), xml_escape(own->case_line), own->seed,
+                         xml_escape(own->repro));
+    } else if (p.failed && r.failure) {
       out += fmt::format("\n      <failure message=\"{}\">{}\ncase: {}\nseed: {}\n{}</failure>\n    ",
                          xml_escape(p.where), xml_escape(p.detail), xml_escape(r.failure->case_line), r.failure->seed,
                          xml_escape(r.failure->repro));
@@ -175,13 +242,17 @@ std::string to_markdown(const Report& r) {
   out += "| property | result | cases held | not applicable |\n|---|---|---|---|\n";
   for (const auto& p : r.properties)
     out += fmt::format("| {} | {} | {} | {} |\n", p.name,
-                       p.failed            ? "**FAILED**"
+                       p.skipped           ? "skipped: " + md_cell(r.skip_reason) + " (" + skipped_note(p) + ")"
+                       : p.failed          ? "**FAILED**"
                        : applied(r, p) > 0 ? "held"
                        : p.not_applicable  ? "not applicable"
                                            : "not run",
                        p.held, p.not_applicable);
-  if (r.failure) {
-    const Failure& f = *r.failure;
+  std::vector<const Failure*> all;
+  if (r.failure) all.push_back(&*r.failure);
+  for (const auto& f : r.further) all.push_back(&f);
+  for (const Failure* fp : all) {
+    const Failure& f = *fp;
     out += fmt::format("\n## Failure: {}\n\n- case: `{}`\n- where: `{}`\n- detail: {}\n- seed: {}\n", f.property,
                        f.case_line, md_cell(f.where), md_cell(f.detail), f.seed);
     for (const auto& [p, w] : f.also) out += fmt::format("- also failed: {} at `{}`\n", p, w);
@@ -232,6 +303,9 @@ Report from_json(const std::string& text) {
     r.exit_code = j.at("exit_code").get<int>();
     r.error = j.value("error", "");
     r.only = j.value("only", "");
+    r.skip_reason = j.value("skip_reason", "");
+    r.min_cases = j.value("min_cases", 0);
+    if (r.min_cases < 0) throw std::invalid_argument("a negative \"min_cases\"");
     for (const auto& p : j.at("properties")) {
       PropertyResult x;
       x.name = p.at("property").get<std::string>();
@@ -241,10 +315,12 @@ Report from_json(const std::string& text) {
       x.where = p.at("where").get<std::string>();
       x.detail = p.at("detail").get<std::string>();
       x.failed = p.value("failed", false);
+      x.skipped = p.value("skipped", false);
+      x.skipped_failures = p.value("cases_failed_while_skipped", 0);
+      if (x.skipped && x.failed) throw std::invalid_argument("property " + x.name + " is both skipped and failed");
       r.properties.push_back(x);
     }
-    if (j.contains("failure")) {
-      const json& f = j.at("failure");
+    auto read_failure = [](const json& f) {
       Failure x;
       x.property = f.at("property").get<std::string>();
       x.where = f.at("where").get<std::string>();
@@ -255,8 +331,26 @@ Report from_json(const std::string& text) {
       x.seed = f.at("seed").get<uint64_t>();
       x.passing_before = f.value("case_index", -1);
       for (const auto& a : f.at("also")) x.also.emplace_back(a.at("property"), a.at("where"));
-      r.shrink_note = f.value("shrink_note", "");
-      r.failure = x;
+      x.shrink_note = f.value("shrink_note", "");
+      return x;
+    };
+    if (j.contains("failure")) {
+      r.failure = read_failure(j.at("failure"));
+      r.shrink_note = r.failure->shrink_note;
+      r.failure->shrink_note.clear();
+    }
+    r.max_findings = j.value("max_findings", 1);
+    if (r.max_findings < 1 || r.max_findings > 100) throw std::invalid_argument("\"max_findings\" out of [1, 100]");
+    if (j.contains("further_failures"))
+      for (const auto& f : j.at("further_failures")) r.further.push_back(read_failure(f));
+    if (!r.further.empty() && !r.failure) throw std::invalid_argument("further failures without a first one");
+    if (1 + static_cast<int>(r.further.size()) > r.max_findings && r.failure)
+      throw std::invalid_argument("more failures than \"max_findings\"");
+    {
+      std::set<std::string> seen;
+      if (r.failure) seen.insert(r.failure->property);
+      for (const auto& f : r.further)
+        if (!seen.insert(f.property).second) throw std::invalid_argument("two failures of " + f.property);
     }
     if (j.contains("shard")) {
       const std::string s = j.at("shard").get<std::string>();
@@ -266,10 +360,19 @@ Report from_json(const std::string& text) {
         throw std::invalid_argument("bad \"shard\" value");
       r.shard_index = k - 1, r.shard_count = n;
     }
+    bool any_skipped = false;
+    for (const auto& p : r.properties) any_skipped = any_skipped || p.skipped;
+    if (any_skipped != !r.skip_reason.empty())
+      throw std::invalid_argument(any_skipped ? "skipped properties without a \"skip_reason\""
+                                              : "a \"skip_reason\" with no skipped property");
     if (j.contains("case_outcomes"))
       for (const auto& o : j.at("case_outcomes")) {
         const std::string code = o.at(1).get<std::string>();
         if (code.size() != r.properties.size()) throw std::invalid_argument("a case outcome does not list every property");
+        for (size_t p = 0; p < code.size(); ++p)
+          if (std::string(r.properties[p].skipped ? "SX-" : "HNF-").find(code[p]) == std::string::npos)
+            throw std::invalid_argument(fmt::format("a case outcome gives {} the letter '{}'", r.properties[p].name,
+                                                    code[p] >= 0x20 && code[p] < 0x7f ? code[p] : '?'));
         r.outcomes.emplace_back(o.at(0).get<int>(), code);
       }
     return r;
@@ -301,34 +404,89 @@ Report merge(const std::vector<Report>& shards) {
     differs("case counts (--cases)", r.cases_requested != a.cases_requested);
     differs("shard counts", r.shard_count != n);
     differs("property lists", r.properties.size() != a.properties.size());
-    for (size_t p = 0; p < r.properties.size(); ++p) differs("property lists", r.properties[p].name != a.properties[p].name);
+    for (size_t p = 0; p < r.properties.size(); ++p) {
+      differs("property lists", r.properties[p].name != a.properties[p].name);
+      differs("skipped properties (--skip)", r.properties[p].skipped != a.properties[p].skipped);
+    }
+    differs("--skip reasons", r.skip_reason != a.skip_reason);
+    differs("--min-cases", r.min_cases != a.min_cases);
+    differs("--max-findings", r.max_findings != a.max_findings);
     if (++seen[static_cast<size_t>(r.shard_index)] > 1)
       throw std::invalid_argument(fmt::format("shard {}/{} is given twice", r.shard_index + 1, n));
     if (!r.error.empty()) throw std::invalid_argument(fmt::format("shard {}/{} ended in an internal error", r.shard_index + 1, n));
-    for (const auto& [i, code] : r.outcomes)
+    std::set<int> listed;
+    for (const auto& [i, code] : r.outcomes) {
       if (i < 0 || i >= r.cases_requested || i % n != r.shard_index)
         throw std::invalid_argument(
             fmt::format("shard {}/{} lists case {}, which is not one of its cases", r.shard_index + 1, n, i));
+      if (!listed.insert(i).second)
+        throw std::invalid_argument(fmt::format("shard {}/{} lists case {} twice", r.shard_index + 1, n, i));
+      // A failed property at case i: a finding that shard reports, made at i, or earlier for that property
+      // (after a finding the search goes on with --max-findings, and the property may fail again).
+      for (size_t p = 0; p < code.size(); ++p) {
+        if (code[p] != 'F') continue;
+        bool reported = false;
+        for (const Failure* f : failures_of(r))
+          reported = reported || f->passing_before == i ||
+                     (f->property == r.properties[p].name && f->passing_before <= i);
+        if (!reported)
+          throw std::invalid_argument(fmt::format("shard {}/{} lists case {} as failed but does not report that failure",
+                                                  r.shard_index + 1, n, i));
+      }
+    }
+    if (static_cast<int>(r.outcomes.size()) != r.cases_run)
+      throw std::invalid_argument(fmt::format("shard {}/{} ran {} case(s) but lists {}", r.shard_index + 1, n,
+                                              r.cases_run, r.outcomes.size()));
   }
   for (int k = 0; k < n; ++k)
     if (!seen[static_cast<size_t>(k)]) throw std::invalid_argument(fmt::format("shard {}/{} is missing", k + 1, n));
 
   Report m;
   m.command = "check";
+  m.skip_reason = a.skip_reason;
+  m.min_cases = a.min_cases;
   m.impl = a.impl, m.plan = a.plan, m.only = a.only, m.device = a.device, m.torch = a.torch, m.seed = a.seed;
   m.cases_requested = a.cases_requested;
   m.time_budget_s = a.time_budget_s;
-  const Report* failing = nullptr;
+  m.max_findings = a.max_findings;
   for (const Report& r : shards) {
     m.time_budget_hit = m.time_budget_hit || r.time_budget_hit;
     m.elapsed_s = std::max(m.elapsed_s, r.elapsed_s);
-    if (r.failure && (!failing || r.failure->passing_before < failing->failure->passing_before)) failing = &r;
     m.outcomes.insert(m.outcomes.end(), r.outcomes.begin(), r.outcomes.end());
   }
   std::sort(m.outcomes.begin(), m.outcomes.end());
-  // The unsharded run: cases 0, 1, 2, ... in order until the first failing one. A case no shard ran (its
-  // shard stopped at the time budget) ends it there, as the budget would have.
-  const int last = failing ? failing->failure->passing_before : a.cases_requested - 1;
+  // The findings of the unsharded run: per property, the earliest failure any shard found (in case
+  // order), the first --max-findings of them. (Where one case fails several properties, the unsharded
+  // run finds each at that case, as a shard does.)
+  struct Pick {
+    const Failure* f;
+    const Report* r;
+    std::string note;
+  };
+  std::map<std::string, Pick> earliest;
+  for (const Report& r : shards)
+    for (const Failure* f : failures_of(r)) {
+      auto it = earliest.find(f->property);
+      if (it == earliest.end() || f->passing_before < it->second.f->passing_before)
+        earliest[f->property] = Pick{f, &r, f == &*r.failure ? r.shrink_note : f->shrink_note};
+    }
+  std::vector<Pick> picks;
+  for (const auto& [name, pick] : earliest) picks.push_back(pick);
+  auto order = [&](const std::string& name) {
+    for (size_t p = 0; p < a.properties.size(); ++p)
+      if (a.properties[p].name == name) return p;
+    return a.properties.size();
+  };
+  std::sort(picks.begin(), picks.end(), [&](const Pick& x, const Pick& y) {
+    return x.f->passing_before != y.f->passing_before ? x.f->passing_before < y.f->passing_before
+                                                      : order(x.f->property) < order(y.f->property);
+  });
+  if (static_cast<int>(picks.size()) > m.max_findings) picks.resize(static_cast<size_t>(m.max_findings));
+  // The unsharded run: cases 0, 1, 2, ... in order until the case of its last finding (when it found
+  // --max-findings of them). A case no shard ran (its shard stopped at the time budget) ends it there,
+  // as the budget would have.
+  const int last = static_cast<int>(picks.size()) == m.max_findings ? picks.back().f->passing_before
+                                                                      : a.cases_requested - 1;
   int next = 0;
   for (const auto& o : m.outcomes) {
     if (o.first != next || next > last) break;
@@ -339,14 +497,16 @@ Report merge(const std::vector<Report>& shards) {
     for (const Report& r : shards)
       if (r.time_budget_hit) m.time_budget_s = r.time_budget_s;
   }
+  // A finding at a case past a gap (a shard that stopped at its budget) is still reported: it is real.
   m.outcomes.resize(static_cast<size_t>(next));
   m.cases_run = static_cast<int>(m.outcomes.size());
   m.properties = a.properties;
   for (size_t p = 0; p < m.properties.size(); ++p) {
     PropertyResult& x = m.properties[p];
-    x.held = x.not_applicable = 0;
+    x.held = x.not_applicable = x.skipped_failures = 0;
     x.failed = false, x.where.clear(), x.detail.clear(), x.not_applicable_why.clear();
-    for (const auto& [i, code] : m.outcomes) x.held += code[p] == 'H', x.not_applicable += code[p] == 'N';
+    for (const auto& [i, code] : m.outcomes)
+      x.held += code[p] == 'H', x.not_applicable += code[p] == 'N', x.skipped_failures += code[p] == 'X';
     // The reason of the first case (in case order) to which it did not apply, as the unsharded run reports.
     int first = -1;
     for (const Report& r : shards)
@@ -355,16 +515,22 @@ Report merge(const std::vector<Report>& shards) {
           if (first < 0 || i < first) first = i, x.not_applicable_why = r.properties[p].not_applicable_why;
           break;
         }
-    if (failing) {
-      const PropertyResult& f = failing->properties[p];
+    if (!picks.empty()) {  // the first finding's shard says which properties failed on its Case
+      const PropertyResult& f = picks.front().r->properties[p];
       x.failed = f.failed, x.where = f.where, x.detail = f.detail;
     }
+    for (const Pick& k : picks)
+      if (k.f->property == x.name) x.failed = true, x.where = k.f->where, x.detail = k.f->detail;
   }
-  if (failing) {
-    m.failure = failing->failure;
-    m.shrink_note = failing->shrink_note;
+  if (!picks.empty()) {
+    m.failure = *picks.front().f;
+    m.shrink_note = picks.front().note;
+    for (size_t k = 1; k < picks.size(); ++k) {
+      m.further.push_back(*picks[k].f);
+      m.further.back().shrink_note = picks[k].note;
+    }
   }
-  m.exit_code = failing || m.cases_run == 0 ? 1 : 0;
+  m.exit_code = !picks.empty() || m.cases_run == 0 || m.cases_run < m.min_cases ? 1 : 0;
   return m;
 }
 

@@ -17,6 +17,10 @@ struct PropertyResult {
   std::string not_applicable_why;  // the reason, from the first such case
   bool failed = false;
   std::string where, detail;  // of the failure, or a one-line summary when it held (repro)
+  // check/repro --skip: set aside (never held, never failed), with the cases on which it would have
+  // failed; the reason is the Report's skip_reason.
+  bool skipped = false;
+  int skipped_failures = 0;
 };
 
 struct Failure {
@@ -27,24 +31,31 @@ struct Failure {
   uint64_t seed = 0;
   int passing_before = -1;                                // check only: passing cases before the first failure
   std::vector<std::pair<std::string, std::string>> also;  // other failing properties and where
+  std::string shrink_note;  // how its shrinking ended (a further finding; the first's is Report::shrink_note)
 };
 
 struct Report {
   std::string command;  // "check" or "repro"
   std::string impl, plan, device, torch;
   std::string only;  // check --only: the Case fields every case took as given
+  std::string skip_reason;  // --reason of the properties set aside with --skip (empty: none skipped)
   uint64_t seed = 0;
   int cases_requested = 0, cases_run = 0;
   double time_budget_s = 0.0, elapsed_s = 0.0;
   bool time_budget_hit = false;
+  int min_cases = 0;  // check --min-cases: fewer cases run than this is a failed run (0: at least one)
   std::vector<PropertyResult> properties;
   std::optional<Failure> failure;
+  // check --max-findings N > 1: the findings after the first, one per property, in the order found.
+  std::vector<Failure> further;
+  int max_findings = 1;
   std::string shrink_note;  // how shrinking ended ("shrunk in 12 steps", "stopped at the time budget")
   std::string error;        // an internal problem that is neither a pass nor a property failure
   int exit_code = 0;
   int shard_index = 0, shard_count = 1;  // check --shard K/N: index K-1 of N
   // check: every case run, as (index, one letter per property in `properties` order: H held, N not
-  // applicable, F failed, - not reported); what `merge` rebuilds the unsharded verdict from.
+  // applicable, F failed, - not reported; for a skipped property S, or X where it would have failed);
+  // what `merge` rebuilds the unsharded verdict from.
   std::vector<std::pair<int, std::string>> outcomes;
 };
 

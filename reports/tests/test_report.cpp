@@ -179,6 +179,177 @@ TEST(Report, MergeRefusesWhatIsNotOneRun) {
   EXPECT_EQ(message({shard(1, 2, {{1, "HH"}}), shard(2, 2, {{3, "HH"}})}), "shard 1/2 lists case 1, which is not one of its cases");
 }
 
+TEST(Report, MergeRefusesForgedShards) {
+  auto message = [](const std::vector<Report>& shards) {
+    try {
+      merge(shards);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("merged");
+  };
+  // A failed case with no failure reported, a case listed twice, counts that disagree with the list.
+  EXPECT_EQ(message({shard(1, 2, {{0, "HF"}}), shard(2, 2, {{1, "HH"}})}),
+            "shard 1/2 lists case 0 as failed but does not report that failure");
+  EXPECT_EQ(message({shard(1, 2, {{0, "HH"}, {0, "HH"}}), shard(2, 2, {{1, "HH"}})}), "shard 1/2 lists case 0 twice");
+  Report short_list = shard(2, 2, {{1, "HH"}});
+  short_list.cases_run = 5;
+  EXPECT_EQ(message({shard(1, 2, {{0, "HH"}}), short_list}), "shard 2/2 ran 5 case(s) but lists 1");
+  // An empty or different property list.
+  Report none = shard(2, 2, {});
+  none.properties.clear();
+  EXPECT_NE(message({shard(1, 2, {{0, "HH"}}), none}).find("property lists differ"), std::string::npos);
+}
+
+TEST(Report, ReadingRefusesOutcomeLettersThatMeanNothing) {
+  Report r = shard(1, 1, {{0, "HH"}});
+  std::string text = to_json(r);
+  text.replace(text.find("\"HH\""), 4, "\"HZ\"");
+  EXPECT_THROW(from_json(text), std::invalid_argument);
+}
+
+// --skip: a property set aside is never held and never failed; it is reported with its reason and the
+// cases on which it would have failed, in every writer and through a merge.
+Report with_skip(Report r) {
+  r.skip_reason = "known: RNG not restored after a throw";
+  r.properties[0].skipped = true;
+  r.properties[0].held = r.properties[0].not_applicable = 0;
+  r.properties[0].skipped_failures = 0;
+  for (auto& [i, code] : r.outcomes) {
+    code[0] = code[0] == 'F' ? 'X' : 'S';
+    r.properties[0].skipped_failures += code[0] == 'X';
+  }
+  return r;
+}
+
+TEST(Report, SkippedPropertiesAreReportedAsSkippedEverywhere) {
+  Report r = with_skip(shard(1, 1, {{0, "FH"}, {1, "HH"}}));
+  const std::string c = to_console(r);
+  EXPECT_NE(c.find("skipped rng-replay: known: RNG not restored after a throw (would have failed on 1 case(s))"),
+            std::string::npos)
+      << c;
+  EXPECT_EQ(c.find("held  rng-replay"), std::string::npos) << c;
+  const auto j = nlohmann::json::parse(to_json(r));
+  EXPECT_EQ(j["skip_reason"], "known: RNG not restored after a throw");
+  EXPECT_EQ(j["properties"][0]["skipped"], true);
+  EXPECT_EQ(j["properties"][0]["held"], false);
+  EXPECT_EQ(j["properties"][0]["cases_failed_while_skipped"], 1);
+  const std::string x = to_junit_xml(r);
+  EXPECT_NE(x.find("<skipped message=\"set aside (--skip): known: RNG not restored after a throw; would have failed "
+                   "on 1 case(s)\"/>"),
+            std::string::npos)
+      << x;
+  EXPECT_NE(x.find("failures=\"0\""), std::string::npos) << x;
+  EXPECT_NE(to_markdown(r).find("| rng-replay | skipped: known"), std::string::npos);
+  EXPECT_EQ(to_json(from_json(to_json(r))), to_json(r));
+}
+
+TEST(Report, MergeCountsSkippedFailuresAndRefusesDifferentSkips) {
+  const Report m = merge({with_skip(shard(1, 2, {{0, "FH"}, {2, "HH"}})), with_skip(shard(2, 2, {{1, "FH"}}))});
+  EXPECT_EQ(m.exit_code, 0);
+  EXPECT_EQ(m.cases_run, 3);
+  EXPECT_TRUE(m.properties[0].skipped);
+  EXPECT_EQ(m.properties[0].skipped_failures, 2);
+  EXPECT_EQ(m.properties[0].held, 0);
+  EXPECT_EQ(m.skip_reason, "known: RNG not restored after a throw");
+  try {
+    merge({with_skip(shard(1, 2, {{0, "HH"}})), shard(2, 2, {{1, "HH"}})});
+    ADD_FAILURE() << "merged shards that set different properties aside";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("skipped properties (--skip) differ"), std::string::npos) << e.what();
+  }
+  // A skipped property cannot carry a held/failed letter, nor an unskipped one a skip letter.
+  Report forged = with_skip(shard(1, 1, {{0, "HH"}}));
+  std::string text = to_json(forged);
+  text.replace(text.find("\"SH\""), 4, "\"FH\"");
+  EXPECT_THROW(from_json(text), std::invalid_argument);
+}
+
+TEST(Report, ABudgetCutRunSaysHowManyOfTheRequestedCasesRan) {
+  Report r = shard(1, 1, {{0, "HH"}, {1, "HH"}});
+  r.time_budget_hit = true;
+  r.time_budget_s = 5;
+  EXPECT_NE(to_console(r).find("PASS: 2 of 9 case(s) in"), std::string::npos) << to_console(r);
+  EXPECT_NE(to_console(r).find("(time budget reached)"), std::string::npos);
+  r.min_cases = 5;
+  r.exit_code = 1;
+  EXPECT_NE(to_console(r).find("only 2 case(s) ran, fewer than --min-cases 5"), std::string::npos) << to_console(r);
+  EXPECT_EQ(from_json(to_json(r)).min_cases, 5);
+}
+
+TEST(Report, MergeJudgesMinCasesOnTheWhole) {
+  auto with_min = [](Report r) {
+    r.min_cases = 4;
+    return r;
+  };
+  // 3 cases merged against --min-cases 4: a failed run although nothing failed.
+  Report s2 = with_min(shard(2, 2, {{1, "HH"}}));
+  s2.time_budget_hit = true;
+  const Report m = merge({with_min(shard(1, 2, {{0, "HH"}, {2, "HH"}, {4, "HH"}})), s2});
+  EXPECT_EQ(m.cases_run, 3);  // case 3 never ran: the merged run ends before it
+  EXPECT_EQ(m.exit_code, 1);
+  EXPECT_EQ(merge({with_min(shard(1, 2, {{0, "HH"}, {2, "HH"}})), with_min(shard(2, 2, {{1, "HH"}, {3, "HH"}}))}).exit_code, 0);
+  EXPECT_THROW(merge({with_min(shard(1, 2, {{0, "HH"}})), shard(2, 2, {{1, "HH"}})}), std::invalid_argument);
+}
+
+// --max-findings: each further finding is rendered as its own failure and reads back; merge keeps, per
+// property, the earliest finding of any shard.
+Failure finding(const std::string& property, int index) {
+  Failure f;
+  f.property = property, f.where = "w " + property, f.detail = "d " + property;
+  f.case_line = "layers=1 seed=" + std::to_string(index);
+  f.case_json = "{\"layers\": 1}";
+  f.passing_before = index;
+  f.repro = "ckverify repro r." + property + ".json";
+  f.shrink_note = "shrunk in 3 step(s)";
+  return f;
+}
+
+TEST(Report, FurtherFindingsAreEachReported) {
+  Report r = shard(1, 1, {{0, "HH"}, {1, "FH"}, {2, "FF"}}, 1);
+  r.failure->property = "rng-replay";
+  r.properties[0].failed = true;
+  r.max_findings = 3;
+  r.further.push_back(finding("grad-baseline", 2));
+  r.properties[1].failed = true;
+  const std::string c = to_console(r);
+  EXPECT_NE(c.find("FAILED rng-replay (finding 1 of 2)"), std::string::npos) << c;
+  EXPECT_NE(c.find("FAILED grad-baseline (finding 2 of 2)"), std::string::npos) << c;
+  EXPECT_NE(c.find("  found at case 2, then shrunk in 3 step(s)"), std::string::npos) << c;
+  const auto j = nlohmann::json::parse(to_json(r));
+  EXPECT_EQ(j["further_failures"][0]["property"], "grad-baseline");
+  EXPECT_EQ(j["max_findings"], 3);
+  const std::string x = to_junit_xml(r);
+  EXPECT_NE(x.find("w grad-baseline"), std::string::npos) << x;  // its own failure, not the first's
+  EXPECT_NE(to_markdown(r).find("## Failure: grad-baseline"), std::string::npos);
+  EXPECT_EQ(to_json(from_json(to_json(r))), to_json(r));
+  // A forged report: two findings of one property.
+  Report twice = r;
+  twice.further.push_back(finding("grad-baseline", 2));
+  EXPECT_THROW(from_json(to_json(twice)), std::invalid_argument);
+}
+
+TEST(Report, MergeKeepsTheEarliestFindingOfEachProperty) {
+  auto multi = [](Report r, std::vector<Failure> fs) {
+    r.max_findings = 3;
+    r.failure = fs.front();
+    r.exit_code = 1;
+    for (size_t k = 1; k < fs.size(); ++k) r.further.push_back(fs[k]);
+    return r;
+  };
+  // Shard 1 finds grad-baseline at 2 and rng-replay at 4; shard 2 finds rng-replay at 1.
+  const Report m = merge({multi(shard(1, 2, {{0, "HH"}, {2, "HF"}, {4, "FF"}}), {finding("grad-baseline", 2), finding("rng-replay", 4)}),
+                          multi(shard(2, 2, {{1, "FH"}, {3, "FH"}, {5, "FH"}}), {finding("rng-replay", 1)})});
+  ASSERT_TRUE(m.failure);
+  EXPECT_EQ(m.failure->property, "rng-replay");
+  EXPECT_EQ(m.failure->passing_before, 1);
+  ASSERT_EQ(m.further.size(), 1u);
+  EXPECT_EQ(m.further[0].property, "grad-baseline");
+  EXPECT_EQ(m.further[0].passing_before, 2);
+  EXPECT_EQ(m.cases_run, 6);  // fewer findings than --max-findings: the run went through every case
+  EXPECT_EQ(m.exit_code, 1);
+}
+
 TEST(Report, ReadingRefusesMalformedAndDeepInputInOneLine) {
   for (const std::string& text : {std::string("{\"tool\": \"ckverify\""), std::string("[1, 2]"), std::string("{}"),
                                  std::string(100000, '[') + std::string(100000, ']'),

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <algorithm>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -58,7 +59,7 @@ struct Outputs {
 };
 
 report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, const Finding& head,
-                             const std::string& repro) {
+                             const std::string& repro, const std::set<std::string>& skipped = {}) {
   report::Failure f;
   f.property = head.property;
   f.where = head.where;
@@ -68,8 +69,59 @@ report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, cons
   f.repro = repro;
   f.seed = c.seed;
   for (const auto& o : fs)
-    if (o.failed() && o.property != head.property) f.also.emplace_back(o.property, o.where);
+    if (o.failed() && o.property != head.property && !skipped.count(o.property)) f.also.emplace_back(o.property, o.where);
   return f;
+}
+
+// s as one word for a POSIX shell.
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./:=,@+") ==
+                        std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// --skip PROPERTY (repeatable, or a comma list) with its --reason: the properties set aside.
+struct Skip {
+  std::set<std::string> properties;
+  std::string reason;
+  // The arguments that set the same aside again (for the printed repro command).
+  std::string args() const {
+    if (properties.empty()) return "";
+    std::string a;
+    for (const auto& p : properties) a += " --skip " + p;
+    return a + " --reason " + shell_quote(reason);
+  }
+};
+
+Skip parse_skip(const std::vector<std::string>& given, const std::string& reason) {
+  Skip s;
+  const std::vector<std::string> names = property_names();
+  for (const auto& g : given) {
+    size_t start = 0;
+    for (;;) {
+      const size_t comma = g.find(',', start);
+      const std::string name = g.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (std::find(names.begin(), names.end(), name) == names.end()) {
+        std::string known;
+        for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+        throw UsageError("--skip " + sanitize(name) + ": not a property (" + known + ")");
+      }
+      s.properties.insert(name);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  if (!s.properties.empty() && reason.find_first_not_of(" \t") == std::string::npos)
+    throw UsageError("--skip needs --reason TEXT: why the property is set aside (it goes into every report)");
+  if (s.properties.empty() && !reason.empty()) throw UsageError("--reason without --skip");
+  if (reason.size() > 300 || sanitize(reason, 300) != reason)
+    throw UsageError("--reason: at most 300 printable characters");
+  if (s.properties.size() == names.size()) throw UsageError("--skip: every property is set aside; nothing would be judged");
+  s.reason = reason;
+  return s;
 }
 
 // The console report always comes first: a file that cannot be written must not lose the diagnosis.
@@ -161,8 +213,12 @@ std::string strategy_spec(const std::string& spec) {
 
 int cmd_check(std::string impl_name, const std::string& plan_text, int cases, uint64_t seed, double budget,
               const Outputs& out, const std::string& repro_path, const std::string& device, const GateOptions& g,
-              const std::vector<std::string>& only, const std::string& strategy) {
+              const std::vector<std::string>& only, const std::string& strategy, const Skip& skip, int min_cases,
+              int max_findings) {
   SearchOptions o;
+  if (max_findings < 1 || max_findings > 100) throw UsageError("--max-findings must be in [1, 100]");
+  o.max_findings = max_findings;
+  o.skipped = skip.properties;
   if (!strategy.empty()) {
     if (impl_name != "builtin") throw UsageError("--strategy and --impl are exclusive: a strategy chooses its checkpoint");
     if (!plan_text.empty()) throw UsageError("--strategy and --plan are exclusive: the strategy decides what to checkpoint");
@@ -212,6 +268,8 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   paths.emplace_back("--repro-file", repro_path);
   check_outputs(paths);
   if (cases < 1) throw UsageError("--cases must be >= 1");
+  if (min_cases < 0 || min_cases > cases)
+    throw UsageError("--min-cases must be in [0, --cases " + std::to_string(cases) + "]");
   if (!(budget > 0) || !std::isfinite(budget) || budget > kMaxBudget)
     throw UsageError("--time-budget must be a number of seconds in (0, 1e8]");
   check_device(device, false);
@@ -224,7 +282,9 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
 
   std::cout << "ckverify check: " << (o.gen.strategy ? "strategy=" + strategy : "impl=" + impl_name)
             << " plan=" << (o.gen.strategy ? "strategy's" : plan_text.empty() ? "any" : plan_text)
-            << (o.gen.only.empty() ? "" : " only=\"" + o.gen.only + "\"") << " cases=" << cases << " seed=" << seed << " device=" << device
+            << (o.gen.only.empty() ? "" : " only=\"" + o.gen.only + "\"")
+            << (skip.properties.empty() ? "" : " skip=" + fmt::format("{}", fmt::join(skip.properties, ",")))
+            << " cases=" << cases << " seed=" << seed << " device=" << device
             << (g.shard_count > 1 ? fmt::format(" shard={}/{}", g.shard_index + 1, g.shard_count) : "")
             << " workers=" << g.jobs << std::endl;
   const SearchResult s = search(o);
@@ -234,6 +294,9 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   r.impl = impl_name;
   r.plan = o.gen.strategy ? "strategy" : plan_text.empty() ? "any" : plan_text;
   r.only = o.gen.only;
+  r.skip_reason = skip.reason;
+  r.min_cases = min_cases;
+  r.max_findings = max_findings;
   r.device = device;
   r.seed = seed;
   r.cases_requested = cases;
@@ -249,36 +312,67 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
     p.held = s.held.count(name) ? s.held.at(name) : 0;
     p.not_applicable = s.not_applicable.count(name) ? s.not_applicable.at(name) : 0;
     p.not_applicable_why = s.not_applicable_why.count(name) ? s.not_applicable_why.at(name) : "";
+    p.skipped = skip.properties.count(name) > 0;
+    p.skipped_failures = s.skipped_failed.count(name) ? s.skipped_failed.at(name) : 0;
     for (const auto& f : s.findings)
-      if (f.property == name && f.failed()) p.failed = true, p.where = f.where, p.detail = f.detail;
+      if (f.property == name && f.failed() && !p.skipped) p.failed = true, p.where = f.where, p.detail = f.detail;
     r.properties.push_back(p);
   }
   if (!s.property.empty()) {
-    const Finding* head = nullptr;
-    for (const auto& f : s.findings)
-      if (f.failed() && f.property == s.property) head = &f;
-    std::string repro_line;
     std::string write_error;
-    if (!repro_path.empty()) {
-      try {
-        write_atomically(repro_path, to_json(s.failing_case));
-        repro_line = "ckverify repro " + repro_path;
-      } catch (const UsageError& e) {
-        write_error = e.what();
+    // A Python implementation's modules may come from PYTHONPATH: the repro command carries it, so it
+    // replays from a fresh shell.
+    std::string repro_env;
+    if (const char* pp = std::getenv("PYTHONPATH"); pp && *pp && spec_kind(impl_name) == SpecKind::python)
+      repro_env = "PYTHONPATH=" + shell_quote(pp) + " ";
+    // One finding as the report holds it; its shrunk Case goes to `path` (the first to --repro-file,
+    // each further one beside it, named by its property).
+    auto finding = [&](const std::string& property, const Case& c, const std::vector<Finding>& fs, int index,
+                       const std::string& path) {
+      const Finding* head = nullptr;
+      for (const auto& f : fs)
+        if (f.failed() && f.property == property) head = &f;
+      std::string repro_line;
+      if (!path.empty()) {
+        try {
+          write_atomically(path, to_json(c));
+          repro_line = repro_env + "ckverify repro " + shell_quote(path) + skip.args();
+        } catch (const UsageError& e) {
+          write_error += std::string(write_error.empty() ? "" : "; ") + e.what();
+        }
       }
+      report::Failure f = make_failure(c, fs, *head, repro_line, skip.properties);
+      f.passing_before = index;
+      return f;
+    };
+    auto note = [](int steps, bool cut) {
+      return cut ? fmt::format("shrunk in {} step(s) until the time budget ran out", steps)
+                 : fmt::format("shrunk in {} step(s)", steps);
+    };
+    r.failure = finding(s.property, s.failing_case, s.findings, s.failing_index, repro_path);
+    r.shrink_note = note(s.shrink_steps, s.shrink_cut_short);
+    for (const FoundFailure& f : s.further) {
+      std::string path;
+      if (!repro_path.empty()) {
+        const std::filesystem::path p(repro_path);
+        path = (p.parent_path() / (p.stem().string() + "." + f.property + p.extension().string())).string();
+      }
+      r.further.push_back(finding(f.property, f.failing_case, f.findings, f.failing_index, path));
+      r.further.back().shrink_note = note(f.shrink_steps, f.shrink_cut_short);
+      for (auto& p : r.properties)
+        if (p.name == f.property)
+          for (const auto& x : f.findings)
+            if (x.property == f.property && x.failed()) p.failed = true, p.where = x.where, p.detail = x.detail;
     }
-    r.failure = make_failure(s.failing_case, s.findings, *head, repro_line);
-    r.failure->passing_before = s.failing_index;
-    r.shrink_note = s.shrink_cut_short
-                        ? fmt::format("shrunk in {} step(s) until the time budget ran out", s.shrink_steps)
-                        : fmt::format("shrunk in {} step(s)", s.shrink_steps);
     r.exit_code = kExitFailed;
     std::cout << "\n";
     const int code = emit(r, out);
     if (!write_error.empty()) std::cerr << "ckverify: " << write_error << " (the case is printed above)" << std::endl;
     return code;
   }
-  r.exit_code = s.ran == 0 ? kExitFailed : kExitOk;
+  // A shard judges its share of --min-cases; merge judges the whole.
+  const int shard_min = (min_cases + g.shard_count - 1) / g.shard_count;
+  r.exit_code = s.ran == 0 || s.ran < shard_min ? kExitFailed : kExitOk;
   return emit(r, out);
 }
 
@@ -291,7 +385,7 @@ Case load_case_argument(const std::string& path) {
   }
 }
 
-int cmd_repro(const std::string& path, const Outputs& out, double case_timeout) {
+int cmd_repro(const std::string& path, const Outputs& out, double case_timeout, const Skip& skip) {
   check_outputs(out.paths(), {{"the case file", path}});
   Case c = load_case_argument(path);
   check_impl_spec(c.impl);
@@ -310,21 +404,24 @@ int cmd_repro(const std::string& path, const Outputs& out, double case_timeout) 
   r.device = c.device;
   r.seed = c.seed;
   r.cases_requested = r.cases_run = 1;
+  r.skip_reason = skip.reason;
   r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& f : fs) {
     report::PropertyResult p;
     p.name = f.property;
-    p.held = f.held && f.applicable ? 1 : 0;
-    p.not_applicable = f.applicable ? 0 : 1;
-    p.not_applicable_why = f.applicable ? "" : f.detail;
-    p.failed = f.failed();
+    p.skipped = skip.properties.count(f.property) > 0;
+    p.skipped_failures = p.skipped && f.failed() ? 1 : 0;
+    p.held = f.held && f.applicable && !p.skipped ? 1 : 0;
+    p.not_applicable = f.applicable || p.skipped ? 0 : 1;
+    p.not_applicable_why = p.not_applicable ? f.detail : "";
+    p.failed = f.failed() && !p.skipped;
     p.where = f.where;
     p.detail = f.detail;
     r.properties.push_back(p);
   }
   for (const auto& f : fs)
-    if (f.failed()) {
-      r.failure = make_failure(c, fs, f, "");
+    if (f.failed() && !skip.properties.count(f.property)) {
+      r.failure = make_failure(c, fs, f, "", skip.properties);
       r.exit_code = kExitFailed;
       break;
     }
@@ -451,8 +548,17 @@ int cmd_list() {
                "      @convention=strategy  CALLABLE(blocks, x, **options) -> output (what --strategy sets)\n"
                "      @args=[...]           ARGS: positional arguments between the function and the segment's\n"
                "      segment: a ckverify.Segment (nn.Module; parameters(), index, step, micro); blocks: a\n"
-               "      ckverify.Blocks (nn.ModuleList of them). Shipped adapters: py:ckverify.adapters:torch_checkpoint,\n"
-               "      py:ckverify.adapters:selective:ops=[...]\n";
+               "      ckverify.Blocks (nn.ModuleList of them). An adapter may name its own convention.\n"
+               "      Shipped adapters (python/ckverify/adapters.py):\n"
+               "        py:ckverify.adapters:torch_checkpoint            torch's checkpoint marking its recomputes\n"
+               "        py:ckverify.adapters:selective:ops=[...]         torch's selective activation checkpointing\n"
+               "        py:ckverify.adapters:checkpoint_sequential       torch's checkpoint_sequential (a strategy)\n"
+               "        py:ckverify.adapters:deepspeed[:reentrant=false,cpu_streams=true,CONFIGURE_OPTION=...]\n"
+               "                                                         DeepSpeed's configure() + checkpoint\n"
+               "        py:ckverify.adapters:transformers[:gradient_checkpointing_kwargs={...},offload=true]\n"
+               "                                                         transformers' gradient_checkpointing_enable\n"
+               "      (deepspeed and transformers: ci/setup.sh --frameworks; fairscale's checkpoint_wrapper needs\n"
+               "      no adapter: py:fairscale.nn.checkpoint:checkpoint_wrapper:@convention=wrapper)\n";
   std::cout << "\nCase fields (line form key=value; JSON uses the same keys):\n";
   for (const auto& f : case_field_infos())
     std::cout << "  " << f.key << "=" << f.values << "\n      " << f.help << "\n";
@@ -1000,6 +1106,24 @@ int main(int argc, char** argv) {
                     "called as FUNC(blocks, x, **options) with the Case's blocks as an nn.ModuleList (it decides which "
                     "blocks to checkpoint, with any checkpoint function), or a plugin PATH.so whose implementation "
                     "is a strategy; every property judges the effective plan it produced");
+  std::vector<std::string> skip_names;
+  std::string skip_reason;
+  check->add_option("--skip", skip_names,
+                    "PROPERTY: set a property aside (repeatable or a comma list; needs --reason). It still runs but "
+                    "never fails the run or counts as held; every report lists it as skipped, with the reason and "
+                    "the cases on which it would have failed")
+      ->allow_extra_args(false);
+  int max_findings = 1;
+  check->add_option("--max-findings", max_findings,
+                    "After a failure, set its property aside and go on, until this many properties have failed, "
+                    "each with its own shrunk Case and repro (the first written to --repro-file, each further one "
+                    "beside it as FILE.PROPERTY.json); the exit code is 1 if any failed")
+      ->capture_default_str();
+  int min_cases = 0;
+  check->add_option("--min-cases", min_cases,
+                    "Fewer cases than this judged before the time budget ends is a failed run (exit 1), not a pass on "
+                    "whatever ran; with --shard K/N each shard needs its share (1/N) and merge judges the whole");
+  check->add_option("--reason", skip_reason, "Why the --skip properties are set aside (recorded in every report)");
   check->add_option("--only", only,
                     "KEY=VALUE: every generated case takes this Case field as given (repeatable; e.g. --only fx=none "
                     "to gate an implementation that does not follow the recompute contract of segment_scope.hpp)");
@@ -1021,6 +1145,8 @@ int main(int argc, char** argv) {
   repro->add_option("--markdown", outs.markdown, "Write the report as Markdown to this file");
   repro->add_option("--case-timeout", case_timeout, "Seconds the case may take before it counts as a hang")
       ->capture_default_str();
+  repro->add_option("--skip", skip_names, "PROPERTY: set aside, as for check (needs --reason)")->allow_extra_args(false);
+  repro->add_option("--reason", skip_reason, "Why the --skip properties are set aside");
 
   auto* faults = app.add_subcommand(
       "faults", "Run the gate against every fault: the property that kills each, after how many cases, shrunk.");
@@ -1172,8 +1298,10 @@ int main(int argc, char** argv) {
     if (*worker) return worker_main(worker_impl, worker_threads);
     if (*check)
       return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device, gate_options(jobs, case_timeout, shard),
-                       only, strategy);
-    if (*repro) return cmd_repro(case_path, outs, gate_options(1, case_timeout, "").case_timeout_s);
+                       only, strategy, parse_skip(skip_names, skip_reason), min_cases, max_findings);
+    if (*repro)
+      return cmd_repro(case_path, outs, gate_options(1, case_timeout, "").case_timeout_s,
+                       parse_skip(skip_names, skip_reason));
     if (*faults)
       return cmd_faults(fault_cases, seed, fault_budget, json_path, device, gate_options(jobs, case_timeout, ""),
                         fault_plugin);

@@ -14,9 +14,10 @@
 namespace ckv::cli {
 namespace {
 
-const Finding* failing(const std::vector<Finding>& fs, const std::string& property) {
+const Finding* failing(const std::vector<Finding>& fs, const std::string& property,
+                       const std::set<std::string>& skipped) {
   for (const auto& f : fs)
-    if (f.failed() && (property.empty() || f.property == property)) return &f;
+    if (f.failed() && (property.empty() || f.property == property) && !skipped.count(f.property)) return &f;
   return nullptr;
 }
 
@@ -51,12 +52,15 @@ std::vector<Finding> run_checks(const Case& c) {
   }
 }
 
-std::string outcome_code(const std::vector<Finding>& fs) {
+std::string outcome_code(const std::vector<Finding>& fs, const std::set<std::string>& skipped) {
   std::string code;
   for (const auto& name : property_names()) {
     char c = '-';
     for (const auto& f : fs)
-      if (f.property == name) c = !f.applicable ? 'N' : f.held ? 'H' : 'F';
+      if (f.property == name) {
+        if (skipped.count(name)) c = f.failed() ? 'X' : 'S';
+        else c = !f.applicable ? 'N' : f.held ? 'H' : 'F';
+      }
     code += c;
   }
   return code;
@@ -83,8 +87,51 @@ SearchResult search(const SearchOptions& o) {
     return r;
   };
   const size_t width = static_cast<size_t>(std::max(1, o.jobs));
-  std::optional<rc::Shrinkable<Case>> failed_at;
-  for (int i = o.shard_index; i < o.cases && !failed_at && !s.budget_hit; ) {
+  // Greedy shrinking: take the first smaller Case (in shrink order) that fails the same property, repeat.
+  // Candidates run `width` at a time; those after the one taken do not count.
+  auto shrink = [&](rc::Shrinkable<Case> current, FoundFailure& f) {
+    for (bool smaller = true; smaller && !f.shrink_cut_short;) {
+      smaller = false;
+      auto candidates = current.shrinks();
+      for (bool more = true; more && !smaller && !f.shrink_cut_short;) {
+        std::vector<rc::Shrinkable<Case>> group;
+        while (group.size() < width && f.shrink_runs + static_cast<int>(group.size()) < o.max_shrink_runs) {
+          auto next = candidates.next();
+          if (!next) {
+            more = false;
+            break;
+          }
+          group.push_back(*next);
+        }
+        if (group.empty()) {
+          f.shrink_cut_short = more;  // out of runs, not out of candidates
+          break;
+        }
+        std::vector<Case> values;
+        for (const auto& g : group) values.push_back(g.value());
+        auto results = evaluate(values);
+        for (size_t k = 0; k < group.size(); ++k) {
+          if (!results[k]) {
+            f.shrink_cut_short = true;
+            break;
+          }
+          ++f.shrink_runs;
+          if (!failing(*results[k], f.property, o.skipped)) continue;
+          current = group[k];
+          f.failing_case = values[k];
+          f.findings = std::move(*results[k]);
+          ++f.shrink_steps;
+          smaller = true;
+          break;
+        }
+      }
+    }
+  };
+  // Properties with a finding (or skipped): set aside for the rest of the search.
+  std::set<std::string> excluded = o.skipped;
+  const int max_findings = std::max(1, o.max_findings);
+  std::vector<FoundFailure> found;
+  for (int i = o.shard_index; i < o.cases && static_cast<int>(found.size()) < max_findings && !s.budget_hit;) {
     if (Clock::now() >= deadline) {
       s.budget_hit = true;
       break;
@@ -103,68 +150,52 @@ SearchResult search(const SearchOptions& o) {
         s.budget_hit = true;
         break;
       }
-      std::vector<Finding>& fs = *results[k];
+      const std::vector<Finding>& fs = *results[k];
       ++s.ran;
       progress.tick(s.ran);
-      s.outcomes.emplace_back(index[k], outcome_code(fs));
+      s.outcomes.emplace_back(index[k], outcome_code(fs, o.skipped));
       for (const auto& f : fs) {
-        if (!f.applicable) {
+        if (o.skipped.count(f.property)) {
+          if (f.failed()) ++s.skipped_failed[f.property];
+        } else if (!f.applicable) {
           ++s.not_applicable[f.property];
           if (!s.not_applicable_why.count(f.property)) s.not_applicable_why[f.property] = f.detail;
         } else if (f.held) {
           ++s.held[f.property];
         }
       }
-      const Finding* bad = failing(fs, o.pinned);
-      if (!bad) continue;
-      s.property = bad->property;
-      s.failing_index = index[k];
-      s.failing_case = values[k];
-      s.findings = std::move(fs);
-      failed_at = batch[k];
+      // Every property failing here without a finding yet is a new one (in report order), each shrunk
+      // on its own; the search then goes on after this case (the rest of the batch ran before these
+      // properties were set aside, so it runs again).
+      std::vector<std::string> fresh;
+      for (const auto& f : fs)
+        if (f.failed() && !excluded.count(f.property) && (o.pinned.empty() || f.property == o.pinned))
+          fresh.push_back(f.property);
+      if (fresh.empty()) continue;
+      for (const auto& property : fresh) {
+        if (static_cast<int>(found.size()) >= max_findings) break;
+        FoundFailure f;
+        f.property = property;
+        f.failing_index = index[k];
+        f.failing_case = values[k];
+        f.findings = fs;
+        excluded.insert(property);
+        shrink(batch[k], f);
+        found.push_back(std::move(f));
+      }
+      i = index[k] + shard_n;
       break;
     }
   }
-  if (failed_at) {
-    // Greedy shrinking: take the first smaller Case (in shrink order) that fails the same property, repeat.
-    // Candidates run `width` at a time; those after the one taken do not count.
-    rc::Shrinkable<Case> current = *failed_at;
-    for (bool smaller = true; smaller && !s.shrink_cut_short;) {
-      smaller = false;
-      auto candidates = current.shrinks();
-      for (bool more = true; more && !smaller && !s.shrink_cut_short;) {
-        std::vector<rc::Shrinkable<Case>> group;
-        while (group.size() < width && s.shrink_runs + static_cast<int>(group.size()) < o.max_shrink_runs) {
-          auto next = candidates.next();
-          if (!next) {
-            more = false;
-            break;
-          }
-          group.push_back(*next);
-        }
-        if (group.empty()) {
-          s.shrink_cut_short = more;  // out of runs, not out of candidates
-          break;
-        }
-        std::vector<Case> values;
-        for (const auto& g : group) values.push_back(g.value());
-        auto results = evaluate(values);
-        for (size_t k = 0; k < group.size(); ++k) {
-          if (!results[k]) {
-            s.shrink_cut_short = true;
-            break;
-          }
-          ++s.shrink_runs;
-          if (!failing(*results[k], s.property)) continue;
-          current = group[k];
-          s.failing_case = values[k];
-          s.findings = std::move(*results[k]);
-          ++s.shrink_steps;
-          smaller = true;
-          break;
-        }
-      }
-    }
+  if (!found.empty()) {
+    FoundFailure& first = found.front();
+    s.property = first.property;
+    s.failing_index = first.failing_index;
+    s.failing_case = first.failing_case;
+    s.findings = first.findings;
+    s.shrink_steps = first.shrink_steps, s.shrink_runs = first.shrink_runs;
+    s.shrink_cut_short = first.shrink_cut_short;
+    s.further.assign(std::make_move_iterator(found.begin() + 1), std::make_move_iterator(found.end()));
   }
   progress.end();
   s.elapsed_s = elapsed();

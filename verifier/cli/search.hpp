@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,12 +27,28 @@ struct SearchOptions {
   uint64_t seed = 1;
   double budget_s = 180.0;
   std::string pinned;  // only this property's failure counts (faults); empty: any property
+  // check --skip: properties set aside. They still run, but never fail the search or count as held;
+  // a case on which one would have failed is counted (SearchResult::skipped_failed).
+  std::set<std::string> skipped;
   bool progress = false;
-  int max_shrink_runs = 2000;
+  int max_shrink_runs = 2000;  // per finding
+  // check --max-findings: after a failure, set its property aside and go on searching, until this many
+  // properties have failed (each with its own shrunk Case) or the cases or the budget run out.
+  int max_findings = 1;
   int jobs = 0;  // worker processes; 0 runs the implementation in this process (tests)
   int threads = 1;  // LibTorch intra-op threads per worker
   double case_timeout_s = 120.0;
   int shard_index = 0, shard_count = 1;
+};
+
+// One failing property found by the search, shrunk on its own.
+struct FoundFailure {
+  std::string property;
+  int failing_index = -1;         // the generated case that failed it first (0-based)
+  Case failing_case;              // after shrinking
+  std::vector<Finding> findings;  // of the shrunk Case
+  int shrink_steps = 0, shrink_runs = 0;
+  bool shrink_cut_short = false;
 };
 
 struct SearchResult {
@@ -40,6 +57,7 @@ struct SearchResult {
   double elapsed_s = 0.0;
   std::map<std::string, int> held, not_applicable;
   std::map<std::string, std::string> not_applicable_why;
+  std::map<std::string, int> skipped_failed;  // skipped property -> cases on which it would have failed
   // A failure, when one was found:
   std::string property;
   int failing_index = -1;         // the generated case that failed first (0-based)
@@ -47,13 +65,16 @@ struct SearchResult {
   std::vector<Finding> findings;  // of the shrunk Case
   int shrink_steps = 0, shrink_runs = 0;
   bool shrink_cut_short = false;
+  // The findings after the first (max_findings > 1), in the order found.
+  std::vector<FoundFailure> further;
   // Per case run (index, one letter per property in property_names() order: H held, N not applicable,
-  // F failed, - not reported), for merging shards.
+  // F failed, - not reported; for a skipped property S, or X where it would have failed), for merging
+  // shards.
   std::vector<std::pair<int, std::string>> outcomes;
 };
 
 // The outcome letters of one Case's findings (see SearchResult::outcomes).
-std::string outcome_code(const std::vector<Finding>& fs);
+std::string outcome_code(const std::vector<Finding>& fs, const std::set<std::string>& skipped = {});
 
 SearchResult search(const SearchOptions& o);
 

@@ -75,6 +75,7 @@ expect 2 "a directory as the plugin" -- "$ck" check --impl "$plugins/" --cases 1
 # The faults plugin: every fault through the loader, killed as the built-in one is.
 expect 0 "faults through the plugin loader" -- "$ck" faults --plugin "$plugins/libckverify_faults.so" --cases 500 --json via-plugin.json
 expect 0 "faults through the built-in table" -- "$ck" faults --cases 500 --json builtin.json
+bash "$here/faults_table_check.sh" "$ck" out.txt builtin.json || bad "the faults table"
 python3 - <<'PY' || bad "the plugin path kills differently from the built-in path"
 import json, re
 a = {r["fault"]: r for r in json.load(open("builtin.json"))["faults"]}
