@@ -6,8 +6,19 @@
 #     environment .venv/. The multi-GB wheels are kept in a wheelhouse outside the clone
 #     (~/.cache/ckverify/wheels; CKVERIFY_CACHE_DIR overrides), so a second set-up on the same machine
 #     fetches nothing.
+#   - With --frameworks (optional, never in the default path): the frameworks gated by ci/frameworks.sh
+#     (DeepSpeed without compiled ops, fairscale, transformers), pinned with every dependency in
+#     ci/frameworks.txt, into the same .venv; torch is left as it is (checked after).
 # A second run with everything present takes a few seconds (dpkg and pip checks only).
 set -euo pipefail
+frameworks=0
+for a in "$@"; do
+  case "$a" in
+    --frameworks) frameworks=1 ;;
+    -h|--help) echo "usage: ci/setup.sh [--frameworks]"; exit 0 ;;
+    *) echo "setup: unknown argument $a (usage: ci/setup.sh [--frameworks])" >&2; exit 2 ;;
+  esac
+done
 TORCH_VERSION="${CKVERIFY_TORCH_VERSION:-2.8.0}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -44,5 +55,33 @@ if [ "${have%%+*}" != "$TORCH_VERSION" ]; then
   fi
   echo "setup: installing torch==$TORCH_VERSION into .venv from $wheels"
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" "torch==$TORCH_VERSION"
+fi
+if [ "$frameworks" = 1 ]; then
+  # The wheelhouse is keyed by the pin list, so changing a pin fetches the new set once.
+  fw_key="$(sha256sum ci/frameworks.txt | cut -c1-12)"
+  fw_wheels="$cache/wheels/frameworks-$fw_key"
+  pip=(.venv/bin/python -m pip -q --disable-pip-version-check)
+  if [ ! -f "$fw_wheels/.complete" ]; then
+    echo "setup: fetching the pinned frameworks into $fw_wheels (about 100 MB, once)"
+    mkdir -p "$fw_wheels"
+    reqs="$(grep -vE '^\s*(#|$)' ci/frameworks.txt)"
+    sdists="$(printf '%s\n' "$reqs" | grep -E '^(deepspeed|fairscale)==')"
+    "${pip[@]}" download --no-deps --only-binary :all: -d "$fw_wheels" wheel==0.45.1 \
+      $(printf '%s\n' "$reqs" | grep -vE '^(deepspeed|fairscale)==')
+    # Built against this torch (no build isolation: their set-up imports torch), pure Python wheels.
+    "${pip[@]}" install --no-index --find-links "$fw_wheels" wheel==0.45.1
+    DS_BUILD_OPS=0 "${pip[@]}" wheel --no-deps --no-build-isolation -w "$fw_wheels" $sdists
+    touch "$fw_wheels/.complete"
+  fi
+  before="$(.venv/bin/python -W ignore -c 'import torch,sys; sys.stdout.write(torch.__version__)')"
+  echo "setup: installing the frameworks of ci/frameworks.txt into .venv from $fw_wheels"
+  "${pip[@]}" install --no-index --no-deps --find-links "$fw_wheels" -r ci/frameworks.txt
+  after="$(.venv/bin/python -W ignore -c 'import torch,sys; sys.stdout.write(torch.__version__)')"
+  if [ "$before" != "$after" ]; then
+    echo "setup: installing the frameworks changed torch from $before to $after" >&2
+    exit 1
+  fi
+  DS_ACCELERATOR=cpu .venv/bin/python -W ignore -c 'import deepspeed, fairscale.nn.checkpoint, transformers.modeling_layers; deepspeed.checkpointing.checkpoint' \
+    || { echo "setup: the frameworks were installed but do not import (see above)" >&2; exit 1; }
 fi
 echo "setup: ok (torch $(.venv/bin/python -W ignore -c 'import torch,sys; sys.stdout.write(torch.__version__)' 2>/dev/null))"

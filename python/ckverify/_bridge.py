@@ -186,19 +186,20 @@ def load(module, callable_name, options):
     unknown = sorted(set(ours) - {"@convention", "@args"})
     if unknown:
         raise SpecError("unknown ckverify option(s) %s (known: @convention, @args)" % ", ".join(unknown))
-    convention = ours.get("@convention", "function")
-    if convention not in CONVENTIONS:
-        raise SpecError("@convention=%s: expected one of %s" % (convention, ", ".join(CONVENTIONS)))
     positional = typed(ours["@args"]) if "@args" in ours else []
     if not isinstance(positional, list):
         raise SpecError("@args must be a JSON list, e.g. @args=[false]")
     target = _resolve(module, callable_name)
+    # An adapter names its own convention (ckverify.adapters.transformers is a wrapper); @convention wins.
+    convention = ours.get("@convention", getattr(target, "ckverify_convention", "function"))
+    if convention not in CONVENTIONS:
+        raise SpecError("@convention=%s: expected one of %s" % (convention, ", ".join(CONVENTIONS)))
     name = "%s.%s" % (module, callable_name)
     validate = getattr(target, "ckverify_validate", None)
     if callable(validate):
         try:
             validate(**theirs)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, ImportError) as e:
             raise SpecError("%s: %s" % (name, e)) from None
     if convention == "function":
         _check_function(name, target, positional, theirs)

@@ -118,11 +118,29 @@ assert r["plan"] == "strategy", r["plan"]
 p = [x for x in r["properties"] if x["property"] == "recompute-count"][0]
 assert p["cases_held"] > 0, p
 PY
+# torch's checkpoint_sequential through the adapter that puts (blocks, x) in its parameter order; the
+# adapter names its own convention, so --strategy takes it as it is.
+expect 0 "checkpoint_sequential as a strategy" -- "$ck" check --strategy py:ckverify.adapters:checkpoint_sequential:segments=3 \
+  --only fx=none --cases 30
+# The framework adapters check up front that their framework is there (ci/setup.sh --frameworks installs
+# them; ci/frameworks.sh gates them): without it, one line naming the module, exit 2.
+for a in deepspeed transformers; do
+  if "$here/../../.venv/bin/python" -c "import $a" >/dev/null 2>&1; then
+    echo "SKIP: $a is installed in .venv, so its missing-framework error cannot be shown (ci/frameworks.sh gates it)"
+  else
+    expect 2 "the $a adapter without $a" -- "$ck" check --impl py:ckverify.adapters:$a --cases 1
+    grep -q "No module named '$a'" err.txt || { bad "the $a adapter's message"; cat err.txt; }
+    one_line_error "the $a adapter without $a"
+  fi
+done
 expect 0 "a strategy whose plan changes after the first step" -- "$ck" check \
   --strategy py:ckverify_test_impls:checkpoint_after_first_step --only fx=none --cases 30
 expect 1 "a strategy that skips blocks" -- "$ck" check --strategy py:lab:run_with_segment_checkpointing_floor_bug:num_segments=2 \
   --only fx=none --cases 60
 grep -q "^FAILED recompute-count" out.txt || { bad "floor-bug headline"; cat out.txt; }
+# The module came from PYTHONPATH: the printed repro command carries it, so a fresh shell replays it.
+grep -q "^  repro:   PYTHONPATH=.*examples/strategies.* ckverify repro ckverify-repro.json" out.txt \
+  || { bad "the repro command lacks PYTHONPATH"; cat out.txt; }
 grep -q "where: *step [0-9]* micro [0-9]* block [0-9]" out.txt && grep -q "its forward ran 0 time" out.txt || { bad "floor-bug does not name the block"; cat out.txt; }
 expect 1 "and it replays" -- "$ck" repro ckverify-repro.json
 grep -q "^FAILED recompute-count" out.txt || bad "repro of the floor bug"
