@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ci/example_plugin.sh: what a plugin author does. Installs ckverify (cmake --install), builds
 # examples/plugin against the *installed* package (find_package(ckverify)), and gates both plugins:
-# the correct one must pass, the buggy one (pytorch issue 71124) must fail autocast-replay.
+# the correct one must pass, the buggy one (pytorch issue 71124) must fail autocast-replay; and the
+# strategy plugins: the correct grouping passes, the off-by-one one fails recompute-count.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 prefix="$PWD/build/install"; out="$PWD/build/example-plugin"
@@ -23,4 +24,18 @@ set -e
 if [ "$code" != 1 ] || ! grep -q "^FAILED autocast-replay" buggy.txt; then
   echo "example_plugin: the buggy example was not caught (exit $code)"; cat buggy.txt; exit 1
 fi
-echo "example_plugin: the correct example passes, the buggy one fails autocast-replay"
+# The strategy plugin: the correct grouping passes every property (fx Cases included: ckv::checkpoint
+# marks its recomputes); the off-by-one grouping fails recompute-count, naming the block run twice.
+"$ck" check --strategy "$out/libexample_strategy.so:segments=2" --cases 100 --time-budget 300
+"$ck" check --strategy "$out/libexample_strategy.so:segments=3" --only layers=7 --cases 30 --time-budget 300
+set +e
+# A block run twice also redraws its dropout masks (rng-replay fails first, in report order):
+# --max-findings lists recompute-count's own finding, shrunk for it.
+"$ck" check --strategy "$out/libexample_strategy_buggy.so:segments=2" --cases 100 --time-budget 300 --max-findings 5 \
+  > strategy.txt 2>&1
+code=$?
+set -e
+if [ "$code" != 1 ] || ! grep -A2 "^FAILED recompute-count" strategy.txt | grep -q "where: .*block [0-9]"; then
+  echo "example_plugin: the buggy strategy was not caught naming its block (exit $code)"; cat strategy.txt; exit 1
+fi
+echo "example_plugin: the correct examples pass; the buggy checkpoint fails autocast-replay, the buggy strategy recompute-count"
