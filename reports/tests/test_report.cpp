@@ -161,15 +161,17 @@ TEST(Report, MergeEndsWhereNoShardRanACase) {
   EXPECT_EQ(merge({empty, shard(2, 3, {{1, "HH"}}), shard(3, 3, {{2, "HH"}})}).exit_code, 1);
 }
 
+// What merge says about shards: its one-line refusal, or "merged".
+std::string message(const std::vector<Report>& shards) {
+  try {
+    merge(shards);
+  } catch (const std::invalid_argument& e) {
+    return std::string(e.what());
+  }
+  return std::string("merged");
+}
+
 TEST(Report, MergeRefusesWhatIsNotOneRun) {
-  auto message = [](const std::vector<Report>& shards) {
-    try {
-      merge(shards);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("merged");
-  };
   EXPECT_EQ(message({shard(1, 2, {{0, "HH"}})}), "shard 2/2 is missing");
   EXPECT_EQ(message({shard(1, 2, {{0, "HH"}}), shard(1, 2, {{0, "HH"}})}), "shard 1/2 is given twice");
   Report other = shard(2, 2, {{1, "HH"}});
@@ -180,14 +182,6 @@ TEST(Report, MergeRefusesWhatIsNotOneRun) {
 }
 
 TEST(Report, MergeRefusesForgedShards) {
-  auto message = [](const std::vector<Report>& shards) {
-    try {
-      merge(shards);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("merged");
-  };
   // A failed case with no failure reported, a case listed twice, counts that disagree with the list.
   EXPECT_EQ(message({shard(1, 2, {{0, "HF"}}), shard(2, 2, {{1, "HH"}})}),
             "shard 1/2 lists case 0 as failed but does not report that failure");
