@@ -2,6 +2,10 @@
 // in the first recompute of the last checkpointed segment), the exception reaches the caller of backward
 // and the generators of every device, the autocast state and grad mode are as they were before backward.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <string>
+#include <vector>
 
 #include "properties/property.hpp"
 
@@ -16,12 +20,13 @@ Finding judge(const Observations& o) {
   if (!e.threw) return Finding::fail(kName, 0, where, "backward completed although the recompute threw");
   if (!e.planted_message_seen)
     return Finding::fail(kName, 0, where, "the planted exception did not reach the caller; got: " + e.message);
-  std::string leaks;
-  if (const std::string d = e.after.rng.differences(e.before.rng); !d.empty()) leaks += " RNG state of " + d + ";";
-  if (e.after.autocast != e.before.autocast) leaks += " autocast state;";
-  if (e.after.grad_enabled != e.before.grad_enabled) leaks += " grad mode;";
+  std::vector<std::string> leaks;
+  if (const std::string d = e.after.rng.differences(e.before.rng); !d.empty()) leaks.push_back("RNG state of " + d);
+  if (e.after.autocast != e.before.autocast) leaks.push_back("autocast state");
+  if (e.after.grad_enabled != e.before.grad_enabled) leaks.push_back("grad mode");
   if (!leaks.empty())
-    return Finding::fail(kName, 0, where, "after a throwing recompute these were not restored:" + leaks);
+    return Finding::fail(kName, 0, where,
+                         fmt::format("after a throwing recompute these were not restored: {}", fmt::join(leaks, "; ")));
   return Finding::pass(kName, "RNG (every device), autocast and grad mode restored after a throwing recompute");
 }
 }  // namespace

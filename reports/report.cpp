@@ -53,6 +53,16 @@ std::string skipped_note(const PropertyResult& p) {
                             : std::string("held or did not apply on every case");
 }
 
+// "exception-safe (would have failed on 80 case(s)), ..."
+std::string skipped_counts(const Report& r) {
+  std::string out;
+  for (const auto& p : r.properties)
+    if (p.skipped)
+      out += (out.empty() ? "" : ", ") + p.name +
+             (p.skipped_failures ? fmt::format(" (would have failed on {} case(s))", p.skipped_failures) : "");
+  return out;
+}
+
 std::string skipped_names(const Report& r) {
   std::string names;
   for (const auto& p : r.properties)
@@ -88,7 +98,7 @@ std::string to_console(const Report& r) {
                          f.case_line, f.where, f.detail, f.seed);
       for (const auto& [p, w] : f.also) out += fmt::format("  also:    {} failed at {}\n", p, w);
       if (!skipped_names(r).empty())
-        out += fmt::format("  skipped: {} (set aside: {})\n", skipped_names(r), r.skip_reason);
+        out += fmt::format("  skipped: {} (set aside: {})\n", skipped_counts(r), r.skip_reason);
       if (!f.repro.empty()) out += "  repro:   " + f.repro + "\n";
       if (f.passing_before >= 0)
         out += fmt::format(k ? "  found at case {}{}\n" : "  found after {} passing case(s){}\n", f.passing_before,
@@ -321,6 +331,7 @@ Report from_json(const std::string& text) {
       r.properties.push_back(x);
     }
     auto read_failure = [](const json& f) {
+      if (!f.is_object()) throw std::invalid_argument("not a ckverify report: a failure that is not an object");
       Failure x;
       x.property = f.at("property").get<std::string>();
       x.where = f.at("where").get<std::string>();
@@ -341,8 +352,10 @@ Report from_json(const std::string& text) {
     }
     r.max_findings = j.value("max_findings", 1);
     if (r.max_findings < 1 || r.max_findings > 100) throw std::invalid_argument("\"max_findings\" out of [1, 100]");
-    if (j.contains("further_failures"))
+    if (j.contains("further_failures")) {
+      if (!j.at("further_failures").is_array()) throw std::invalid_argument("not a ckverify report: \"further_failures\" is not a list");
       for (const auto& f : j.at("further_failures")) r.further.push_back(read_failure(f));
+    }
     if (!r.further.empty() && !r.failure) throw std::invalid_argument("further failures without a first one");
     if (1 + static_cast<int>(r.further.size()) > r.max_findings && r.failure)
       throw std::invalid_argument("more failures than \"max_findings\"");
@@ -433,6 +446,25 @@ Report merge(const std::vector<Report>& shards) {
           throw std::invalid_argument(fmt::format("shard {}/{} lists case {} as failed but does not report that failure",
                                                   r.shard_index + 1, n, i));
       }
+    }
+    // The shard's own counts and failures agree with its outcomes (the counts merge recomputes from).
+    for (size_t p = 0; p < r.properties.size(); ++p) {
+      const PropertyResult& x = r.properties[p];
+      int h = 0, na = 0, sf = 0;
+      for (const auto& [i, code] : r.outcomes) h += code[p] == 'H', na += code[p] == 'N', sf += code[p] == 'X';
+      if (h != x.held || na != x.not_applicable || sf != x.skipped_failures)
+        throw std::invalid_argument(fmt::format("shard {}/{}: the counts of {} disagree with its case outcomes",
+                                                r.shard_index + 1, n, x.name));
+    }
+    for (const Failure* f : failures_of(r)) {
+      bool at_its_case = false;
+      for (const auto& [i, code] : r.outcomes)
+        if (i == f->passing_before)
+          for (size_t p = 0; p < code.size(); ++p)
+            at_its_case = at_its_case || (r.properties[p].name == f->property && code[p] == 'F');
+      if (!at_its_case)
+        throw std::invalid_argument(fmt::format("shard {}/{} reports a {} failure at case {}, which its outcomes do not show",
+                                                r.shard_index + 1, n, f->property, f->passing_before));
     }
     if (static_cast<int>(r.outcomes.size()) != r.cases_run)
       throw std::invalid_argument(fmt::format("shard {}/{} ran {} case(s) but lists {}", r.shard_index + 1, n,

@@ -195,6 +195,23 @@ TEST(Report, MergeRefusesForgedShards) {
   EXPECT_NE(message({shard(1, 2, {{0, "HH"}}), none}).find("property lists differ"), std::string::npos);
 }
 
+TEST(Report, MergeRefusesCountsOrFailuresTheOutcomesDoNotShow) {
+  Report counts = shard(1, 2, {{0, "HH"}});
+  counts.properties[0].held = 7;
+  EXPECT_EQ(message({counts, shard(2, 2, {{1, "HH"}})}), "shard 1/2: the counts of rng-replay disagree with its case outcomes");
+  Report hidden = shard(1, 2, {{0, "HH"}, {2, "HH"}}, 2);  // a failure whose case shows every property held
+  EXPECT_EQ(message({hidden, shard(2, 2, {{1, "HH"}})}),
+            "shard 1/2 reports a grad-baseline failure at case 2, which its outcomes do not show");
+  std::string text = to_json(shard(1, 1, {{0, "HF"}}, 0));
+  text.replace(text.find("\"failure\": {"), 12, "\"failure\": null, \"x\": {");
+  try {
+    from_json(text);
+    ADD_FAILURE() << "read a null failure";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("a failure that is not an object"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Report, ReadingRefusesOutcomeLettersThatMeanNothing) {
   Report r = shard(1, 1, {{0, "HH"}});
   std::string text = to_json(r);

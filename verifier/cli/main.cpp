@@ -117,8 +117,8 @@ Skip parse_skip(const std::vector<std::string>& given, const std::string& reason
   if (!s.properties.empty() && reason.find_first_not_of(" \t") == std::string::npos)
     throw UsageError("--skip needs --reason TEXT: why the property is set aside (it goes into every report)");
   if (s.properties.empty() && !reason.empty()) throw UsageError("--reason without --skip");
-  if (reason.size() > 300 || sanitize(reason, 300) != reason)
-    throw UsageError("--reason: at most 300 printable characters");
+  if (reason.size() > 1000 || sanitize(reason, 1000) != reason)
+    throw UsageError("--reason: at most 1000 printable characters");
   if (s.properties.size() == names.size()) throw UsageError("--skip: every property is set aside; nothing would be judged");
   s.reason = reason;
   return s;
@@ -327,8 +327,17 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
       repro_env = "PYTHONPATH=" + shell_quote(pp) + " ";
     // One finding as the report holds it; its shrunk Case goes to `path` (the first to --repro-file,
     // each further one beside it, named by its property).
+    // A further finding was shrunk with the properties found before it set aside: its repro command
+    // sets them aside too, so the replay's headline is its own property.
+    std::vector<std::string> earlier;
     auto finding = [&](const std::string& property, const Case& c, const std::vector<Finding>& fs, int index,
                        const std::string& path) {
+      Skip aside = skip;
+      if (!earlier.empty()) {
+        for (const auto& e : earlier) aside.properties.insert(e);
+        aside.reason = (skip.reason.empty() ? "" : skip.reason + "; ") +
+                       fmt::format("found earlier in this run: {}", fmt::join(earlier, ", "));
+      }
       const Finding* head = nullptr;
       for (const auto& f : fs)
         if (f.failed() && f.property == property) head = &f;
@@ -336,13 +345,14 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
       if (!path.empty()) {
         try {
           write_atomically(path, to_json(c));
-          repro_line = repro_env + "ckverify repro " + shell_quote(path) + skip.args();
+          repro_line = repro_env + "ckverify repro " + shell_quote(path) + aside.args();
         } catch (const UsageError& e) {
           write_error += std::string(write_error.empty() ? "" : "; ") + e.what();
         }
       }
-      report::Failure f = make_failure(c, fs, *head, repro_line, skip.properties);
+      report::Failure f = make_failure(c, fs, *head, repro_line, aside.properties);
       f.passing_before = index;
+      earlier.push_back(property);
       return f;
     };
     auto note = [](int steps, bool cut) {
