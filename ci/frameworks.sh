@@ -8,7 +8,7 @@
 #
 # Runs after ci/setup.sh --frameworks (done here unless --no-setup) and a primary build
 # (build/verifier/ckverify, or $CKVERIFY). Logs, reports and the shrunk Cases go to
-# ${CKVERIFY_FRAMEWORKS_OUT:-out/frameworks}. About 5 minutes on 2 cores. megatron-core needs CUDA:
+# ${CKVERIFY_FRAMEWORKS_OUT:-out/frameworks}. About 7 minutes on 2 cores. megatron-core needs CUDA:
 # ci/gpu.sh is where it would run (not yet packed for the offline device machine).
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

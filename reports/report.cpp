@@ -63,13 +63,6 @@ std::string skipped_counts(const Report& r) {
   return out;
 }
 
-std::string skipped_names(const Report& r) {
-  std::string names;
-  for (const auto& p : r.properties)
-    if (p.skipped) names += (names.empty() ? "" : ", ") + p.name;
-  return names;
-}
-
 // A report's findings: the first, then the further ones.
 std::vector<const Failure*> failures_of(const Report& r) {
   std::vector<const Failure*> all;
@@ -97,7 +90,7 @@ std::string to_console(const Report& r) {
                          k ? "\n" : "", f.property, n > 1 ? fmt::format(" (finding {} of {})", k + 1, n) : "",
                          f.case_line, f.where, f.detail, f.seed);
       for (const auto& [p, w] : f.also) out += fmt::format("  also:    {} failed at {}\n", p, w);
-      if (!skipped_names(r).empty())
+      if (!skipped_counts(r).empty())
         out += fmt::format("  skipped: {} (set aside: {})\n", skipped_counts(r), r.skip_reason);
       if (!f.repro.empty()) out += "  repro:   " + f.repro + "\n";
       if (f.passing_before >= 0)

@@ -83,6 +83,12 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+std::string property_list() {
+  std::string out;
+  for (const auto& n : property_names()) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 // --skip PROPERTY (repeatable, or a comma list) with its --reason: the properties set aside.
 struct Skip {
   std::set<std::string> properties;
@@ -104,11 +110,8 @@ Skip parse_skip(const std::vector<std::string>& given, const std::string& reason
     for (;;) {
       const size_t comma = g.find(',', start);
       const std::string name = g.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (std::find(names.begin(), names.end(), name) == names.end()) {
-        std::string known;
-        for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-        throw UsageError("--skip " + sanitize(name) + ": not a property (" + known + ")");
-      }
+      if (std::find(names.begin(), names.end(), name) == names.end())
+        throw UsageError("--skip " + sanitize(name) + ": not a property (" + property_list() + ")");
       s.properties.insert(name);
       if (comma == std::string::npos) break;
       start = comma + 1;
@@ -1062,12 +1065,6 @@ int cmd_bench(BenchArgs a) {
   }
   std::cout << "PASS: every plan completed and trained exactly as none did" << std::endl;
   return kExitOk;
-}
-
-std::string property_list() {
-  std::string out;
-  for (const auto& n : property_names()) out += (out.empty() ? "" : ", ") + n;
-  return out;
 }
 
 }  // namespace
