@@ -52,6 +52,12 @@ Tolerance reorder_tolerance(Precision p, int paths, double step_scale) {
                       p == Precision::fp32 ? "" : ", in fp32 and in the autocast dtype")};
 }
 
+Tolerance design_floor_tolerance(double deviation) {
+  return {0.0, kDesignFloorFactor * deviation,
+          fmt::format("{} x the {:.3g} by which ckverify's reference reentrant checkpoint moves it on this step",
+                      kDesignFloorFactor, deviation)};
+}
+
 Tolerance looser(const Tolerance& a, const Tolerance& b) {
   return a.atol >= b.atol ? a : b;
 }

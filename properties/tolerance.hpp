@@ -69,6 +69,17 @@ Tolerance shared_gradient_tolerance(Precision p, int uses, double step_scale);
 inline constexpr int kReorderPaths = 8;
 inline constexpr int kAutocastReorderPaths = 4;
 Tolerance reorder_tolerance(Precision p, int paths, double step_scale);
+// A measured floor for the same comparison: `deviation` is the largest |difference| that ckverify's
+// reference reentrant checkpoint (a correct design that sums in another order) showed on this tensor
+// at this step of this Case (Observations::design). The fixed bound above assumes rounding of the
+// step's largest gradient is amplified a few times at most; an ill-conditioned step amplifies it
+// further (BatchNorm over four values divides by their spread, a gradient penalty differentiates that
+// division again, a tied head adds paths): gating correct reentrant designs written outside the tree
+// found 1.3-1.6x the fixed bound in fp32 on such Cases, every one equal to the reference design's own
+// deviation, and under autocast rounding that the next layers amplify past the gradients' own size.
+// The factor leaves room for a third summation order, whose rounding lands elsewhere.
+inline constexpr double kDesignFloorFactor = 4.0;
+Tolerance design_floor_tolerance(double deviation);
 // The larger atol of the two (same rtol 0).
 Tolerance looser(const Tolerance& a, const Tolerance& b);
 // That parameter after an optimizer step of rate lr, given the gradient tolerance: SGD moves it by lr

@@ -467,5 +467,59 @@ TEST(FalsePositives, NoFailureOnValidCasesOutsideTheGeneratorsEnvelope) {
   }
 }
 
+// grad-baseline's measured floor (Observations::design): a gradient moved by as much as ckverify's
+// reference reentrant checkpoint moves it holds; five times that fails; one the design too makes
+// non-finite is not judged; with no design run, the fixed bound alone judges.
+TEST(GradBaseline, MeasuredDesignFloor) {
+  auto builtin = make_builtin();
+  const Case c = case_from_line("layers=2 d=8 heads=2 fx=bn batch=2 seq=2 tie=head gp=0.1 plan=block seed=5");
+  const Observations clean = observe(c, *builtin);
+  ASSERT_FALSE(clean.design_ran) << "the builtin's gradients are bitwise the baseline's: no design run";
+  ASSERT_FALSE(clean.design_why_not.empty());
+  const Property* gb = find_property("grad-baseline");
+  ASSERT_TRUE(gb->judge(clean).held);
+  size_t k = clean.baseline.steps[0].grads.items.size();
+  while (k-- > 0 && !clean.baseline.steps[0].grad_defined[k]) {
+  }
+  ASSERT_LT(k, clean.baseline.steps[0].grads.items.size());
+  double scale = 0.0;
+  for (const auto& a : clean.baseline.steps[0].grads.items)
+    for (double v : a.data) scale = std::max(scale, std::abs(v));
+  auto moved = [&](double test_delta, double design_delta, bool design) {
+    Observations o = clean;
+    o.test.steps[0].grads.items[k].data[0] += test_delta * scale;
+    if (design) {
+      o.design = o.baseline;
+      o.design.steps[0].grads.items[k].data[0] += design_delta * scale;
+      o.design_ran = true;
+    }
+    return gb->judge(o);
+  };
+  EXPECT_TRUE(moved(1e-3, 0, false).failed()) << "far outside the fixed bound";
+  EXPECT_TRUE(moved(1e-3, 1e-3, true).held);
+  EXPECT_TRUE(moved(1e-3, -1e-3, true).held) << "the floor is a distance, not a direction";
+  const Finding f = moved(5e-3, 1e-3, true);
+  EXPECT_TRUE(f.failed());
+  EXPECT_NE(f.detail.find("reference reentrant checkpoint"), std::string::npos) << f.detail;
+  const Finding nan = moved(1e-3, std::nan(""), true);
+  EXPECT_TRUE(nan.held);
+  EXPECT_NE(nan.detail.find("not judged"), std::string::npos) << nan.detail;
+}
+
+// The measured floor runs where it is needed: a correct reentrant design on an ill-conditioned Case
+// (a gradient penalty through BatchNorm over four values, a tied head) holds through it, and a recompute
+// that loses the penalty's second-order path still fails there.
+TEST(GradBaseline, IllConditionedCaseJudgedAgainstTheDesignFloor) {
+  const Case c = case_from_line(
+      "layers=4 d=8 heads=1 ffn=1 vocab=3 norm=layernorm pos=post attn=bidir act=relu loss=mse tie=head "
+      "drop=0.25,0.25,0,0.1 fx=bn batch=2 seq=2 steps=2 gp=1 plan=block seed=4713764015865067");
+  auto reentrant = make_impl("reentrant-hooks");  // correct on hook=none
+  const Observations o = observe(c, *reentrant);
+  EXPECT_TRUE(o.design_ran) << o.design_why_not;
+  EXPECT_TRUE(find_property("grad-baseline")->judge(o).held);
+  auto leaf = make_impl("leaf-input-recompute");
+  EXPECT_TRUE(find_property("grad-baseline")->judge(observe(c, *leaf)).failed());
+}
+
 }  // namespace
 }  // namespace ckv

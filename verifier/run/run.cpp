@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 
+#include "verifier/impls/faults/reentrant.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/model/model.hpp"
 #include "verifier/run/memory.hpp"
@@ -922,6 +923,47 @@ RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options
   return r;
 }
 
+namespace {
+bool gradients_bitwise_equal(const RunRecord& a, const RunRecord& b) {
+  for (size_t s = 0; s < a.steps.size() && s < b.steps.size(); ++s) {
+    const StepRecord &x = a.steps[s], &y = b.steps[s];
+    if (x.grads.items != y.grads.items || x.dx != y.dx) return false;
+  }
+  return true;
+}
+
+// Observations::design: the reference reentrant checkpoint in lockstep with the run under test's
+// parameters, on Cases where its gradients can be judged against the baseline's.
+void run_design_floor(Observations& o, const GlobalStateCheck& entry) {
+  const Case& c = o.c;
+  if (o.test.steps.empty()) {
+    o.design_why_not = "the run under test completed no step";
+  } else if (gradients_bitwise_equal(o.test, o.baseline)) {
+    o.design_why_not = "every gradient of the run under test is bitwise the baseline's";
+  } else if (c.hook != Hook::none) {
+    o.design_why_not = "a reentrant checkpoint runs gradient hooks once per nested backward (hook=" +
+                       std::string(to_string(c.hook)) + ")";
+  } else if (o.strategy) {
+    o.design_why_not = "a strategy chose what to checkpoint";
+  }
+  if (!o.design_why_not.empty()) return;
+  try {
+    const RestoreGlobalState restore{entry};
+    faults::ReentrantCheckpoint reentrant;
+    Trainer d(c, o, &reentrant, Mode::normal, -1);
+    for (size_t s = 0; s < o.test.steps.size(); ++s) {
+      o.design.steps.push_back(d.step(static_cast<int>(s)));
+      d.load(o.test.steps[s]);
+    }
+    d.finish(o.design, nullptr);
+    o.design_ran = true;
+  } catch (const std::exception& e) {
+    o.design = RunRecord{};
+    o.design_why_not = "the reference reentrant run failed: " + first_line(e.what());
+  }
+}
+}  // namespace
+
 Observations observe(const Case& c, CheckpointImpl& impl) {
   check_environment(c);
   if (impl.is_strategy()) check_strategy_case(c);
@@ -964,6 +1006,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
   base.finish(o.baseline, nullptr);
   test.finish(o.test, test_error);
   if (impl.is_strategy()) apply_effective_plan(o);
+  run_design_floor(o, entry);
 
   const int target = experiment_segment(o);
   if (target < 0) {
