@@ -36,9 +36,12 @@ ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
   std::string mode = "segv";
   int at = 1;
   for (const auto& [k, v] : o) {
-    if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit")) mode = v;
-    else if (k == "at") at = std::stoi(v);
-    else throw std::invalid_argument("unknown option " + k + "=" + v + " (mode=segv|abort|hang|throw|exit, at=N)");
+    if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit"))
+      mode = v;
+    else if (k == "at")
+      at = std::stoi(v);
+    else
+      throw std::invalid_argument("unknown option " + k + "=" + v + " (mode=segv|abort|hang|throw|exit, at=N)");
   }
   return new Misbehave(mode, at);
 }

@@ -12,8 +12,12 @@ __attribute__((visibility("default"))) const ckverify_plugin_stamp* ckverify_plu
   static const ckverify_plugin_stamp s{STAMP_INTERFACE, STAMP_TORCH_MAJOR, STAMP_TORCH_MINOR, STAMP_ABI};
   return &s;
 }
-__attribute__((visibility("default"))) void* ckverify_plugin_create(const void*) { return nullptr; }
+__attribute__((visibility("default"))) void* ckverify_plugin_create(const void*) {
+  return nullptr;
+}
 }
 #else
-extern "C" __attribute__((visibility("default"))) int not_a_ckverify_plugin() { return 0; }
+extern "C" __attribute__((visibility("default"))) int not_a_ckverify_plugin() {
+  return 0;
+}
 #endif

@@ -125,63 +125,59 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
   using namespace rc;
   const auto rates = gen::container<std::array<double, kNumDropoutSites>>(gen_rate(o.force_dropout));
   const auto plan = o.plan ? gen::just(*o.plan) : gen_plan();
-  const auto shallow =
-      gen::build<Case>(
-          gen::set(&Case::model, gen_model()), gen::set(&Case::dropout, rates),
-          gen::set(&Case::dropout_impl, pick(DropoutImpl::explicit_mask, DropoutImpl::native)),
-          gen::set(&Case::seed, gen::noShrink(gen::inRange<uint64_t>(0, uint64_t{1} << 53))),
-          gen::set(&Case::batch, gen::inRange(1, 4)), gen::set(&Case::seq, gen::inRange(1, 9)),
-          gen::set(&Case::steps, gen::inRange(1, 4)), gen::set(&Case::micro, pick(1, 1, 1, 1, 2, 3)),
-          gen::set(&Case::sched, pick(Schedule::fb, Schedule::ffbb)),
-          gen::set(&Case::input_frozen, pick(false, false, false, false, true)),
-          gen::set(&Case::freeze,
-                   pick(Freeze::none, Freeze::none, Freeze::none, Freeze::none, Freeze::alt, Freeze::blocks)),
-          gen::set(&Case::hook, pick(Hook::none, Hook::none, Hook::none, Hook::none, Hook::scale, Hook::clip)),
-          gen::set(&Case::gp, pick(0.0, 0.0, 0.0, 0.0, 0.0, 0.1)),
-          gen::set(&Case::inplace, pick(false, false, false, false, true)),
-          gen::set(&Case::opt, pick(Optimizer::sgd, Optimizer::sgd, Optimizer::adam)),
-          gen::set(&Case::resume, pick(0, 0, 0, 1, 2, 3)), gen::set(&Case::precision, gen_precision(o)),
-          gen::set(&Case::plan, plan));
+  const auto shallow = gen::build<Case>(
+      gen::set(&Case::model, gen_model()), gen::set(&Case::dropout, rates),
+      gen::set(&Case::dropout_impl, pick(DropoutImpl::explicit_mask, DropoutImpl::native)),
+      gen::set(&Case::seed, gen::noShrink(gen::inRange<uint64_t>(0, uint64_t{1} << 53))),
+      gen::set(&Case::batch, gen::inRange(1, 4)), gen::set(&Case::seq, gen::inRange(1, 9)),
+      gen::set(&Case::steps, gen::inRange(1, 4)), gen::set(&Case::micro, pick(1, 1, 1, 1, 2, 3)),
+      gen::set(&Case::sched, pick(Schedule::fb, Schedule::ffbb)),
+      gen::set(&Case::input_frozen, pick(false, false, false, false, true)),
+      gen::set(&Case::freeze,
+               pick(Freeze::none, Freeze::none, Freeze::none, Freeze::none, Freeze::alt, Freeze::blocks)),
+      gen::set(&Case::hook, pick(Hook::none, Hook::none, Hook::none, Hook::none, Hook::scale, Hook::clip)),
+      gen::set(&Case::gp, pick(0.0, 0.0, 0.0, 0.0, 0.0, 0.1)),
+      gen::set(&Case::inplace, pick(false, false, false, false, true)),
+      gen::set(&Case::opt, pick(Optimizer::sgd, Optimizer::sgd, Optimizer::adam)),
+      gen::set(&Case::resume, pick(0, 0, 0, 1, 2, 3)), gen::set(&Case::precision, gen_precision(o)),
+      gen::set(&Case::plan, plan));
   // The deep shape first: RapidCheck shrinks a pair's first element first, so a deep failing Case is
   // tried small (and shallower) before any of its other fields.
-  return gen::map(
-      gen::pair(gen_deep(), shallow),
-      [o](std::pair<DeepShape, Case> dc) {
-        Case c = std::move(dc.second);
-        apply_deep(dc.first, c);
-        if (c.gp > 0.0) c.input_frozen = false;                         // the penalty is on dloss/dx
+  return gen::map(gen::pair(gen_deep(), shallow), [o](std::pair<DeepShape, Case> dc) {
+    Case c = std::move(dc.second);
+    apply_deep(dc.first, c);
+    if (c.gp > 0.0) c.input_frozen = false;  // the penalty is on dloss/dx
 #if !CKV_TORCH_AT_LEAST(2, 0)
-        // LibTorch 1.13's CPU autocast cannot run a tied head in bf16 (check_environment).
-        if (c.device == "cpu" && c.model.tie == Tie::head && c.precision == Precision::bf16) c.model.tie = Tie::none;
+    // LibTorch 1.13's CPU autocast cannot run a tied head in bf16 (check_environment).
+    if (c.device == "cpu" && c.model.tie == Tie::head && c.precision == Precision::bf16) c.model.tie = Tie::none;
 #endif
-        if (c.model.has(kBatchNorm) && c.batch * c.seq < 4)
-          c.seq = (4 + c.batch - 1) / c.batch;  // BatchNorm needs four values per channel (case.cpp)
-        if (c.resume > 0) {  // a save position inside the run (at a step boundary under sched=ffbb)
-          const int total = c.steps * c.micro;
-          c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);
-          if (c.sched == Schedule::ffbb) c.resume -= c.resume % c.micro;
-        }
-        if (o.strategy) {
-          c.model.key_padding = false, c.model.aux_weight = 0.0;  // segio=single
-          if (c.model.tie == Tie::head) c.model.tie = Tie::none;
-        }
-        c.impl = o.impl;
-        c.device = o.device;
-        if (o.plan) {  // a fixed plan is kept as given: grow the stack until it fits
-          if (c.plan.kind == PlanKind::segments) c.model.layers = std::max(c.model.layers, c.plan.n);
-          if (c.plan.kind == PlanKind::from_layer) c.model.layers = std::max(c.model.layers, c.plan.n + 1);
-          return c;
-        }
-        // Generated plan parameters depend on the layer count: fold them into range.
-        const int L = c.model.layers;
-        if (c.plan.kind == PlanKind::every_n || c.plan.kind == PlanKind::segments) c.plan.n = 1 + c.plan.n % L;
-        if (c.plan.kind == PlanKind::from_layer) c.plan.n %= L;
-        if (c.plan.kind != PlanKind::every_n && c.plan.kind != PlanKind::segments &&
-            c.plan.kind != PlanKind::from_layer)
-          c.plan.n = 0;
-        if (!c.plan.invalid_for(L).empty()) c.plan = Plan{};
-        return c;
-      });
+    if (c.model.has(kBatchNorm) && c.batch * c.seq < 4)
+      c.seq = (4 + c.batch - 1) / c.batch;  // BatchNorm needs four values per channel (case.cpp)
+    if (c.resume > 0) {                     // a save position inside the run (at a step boundary under sched=ffbb)
+      const int total = c.steps * c.micro;
+      c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);
+      if (c.sched == Schedule::ffbb) c.resume -= c.resume % c.micro;
+    }
+    if (o.strategy) {
+      c.model.key_padding = false, c.model.aux_weight = 0.0;  // segio=single
+      if (c.model.tie == Tie::head) c.model.tie = Tie::none;
+    }
+    c.impl = o.impl;
+    c.device = o.device;
+    if (o.plan) {  // a fixed plan is kept as given: grow the stack until it fits
+      if (c.plan.kind == PlanKind::segments) c.model.layers = std::max(c.model.layers, c.plan.n);
+      if (c.plan.kind == PlanKind::from_layer) c.model.layers = std::max(c.model.layers, c.plan.n + 1);
+      return c;
+    }
+    // Generated plan parameters depend on the layer count: fold them into range.
+    const int L = c.model.layers;
+    if (c.plan.kind == PlanKind::every_n || c.plan.kind == PlanKind::segments) c.plan.n = 1 + c.plan.n % L;
+    if (c.plan.kind == PlanKind::from_layer) c.plan.n %= L;
+    if (c.plan.kind != PlanKind::every_n && c.plan.kind != PlanKind::segments && c.plan.kind != PlanKind::from_layer)
+      c.plan.n = 0;
+    if (!c.plan.invalid_for(L).empty()) c.plan = Plan{};
+    return c;
+  });
 }
 
 // The generated Case with the `--only` fields. Where they contradict a field the generator chose (gp>0

@@ -116,8 +116,8 @@ Finding judge(const Observations& o) {
       if (!b.grad_defined[k]) continue;
       const auto& g = t.grads.items[k];
       const auto& e = b.grads.items[k].data;
-      Tolerance tol = uses[k] > 1 ? looser(shared_gradient_tolerance(c.precision, uses[k], step_scale), reorder)
-                                  : reorder;
+      Tolerance tol =
+          uses[k] > 1 ? looser(shared_gradient_tolerance(c.precision, uses[k], step_scale), reorder) : reorder;
       if (design) {
         const Deviation d = deviation(design->grads.items[k].data, e);
         if (d.overflowed) {
@@ -138,8 +138,7 @@ Finding judge(const Observations& o) {
             kName, step, fmt::format("step {} {}", step, label),
             fmt::format("{} is {} with checkpointing but {} without", label, t.dx[m].empty() ? "undefined" : "defined",
                         b.dx[m].empty() ? "undefined" : "defined"));
-      Tolerance tol = paths > 1 ? looser(shared_gradient_tolerance(c.precision, paths, step_scale), reorder)
-                                : reorder;
+      Tolerance tol = paths > 1 ? looser(shared_gradient_tolerance(c.precision, paths, step_scale), reorder) : reorder;
       if (design && m < design->dx.size()) {
         const Deviation d = deviation(design->dx[m], b.dx[m]);
         if (d.overflowed) {
@@ -170,8 +169,8 @@ Finding judge(const Observations& o) {
   std::string summary = fmt::format("{} step(s) equal to the non-checkpointed run", o.test.steps.size());
   if (o.design_ran) summary += " (gradients within the reference reentrant checkpoint's measured floor)";
   if (unjudged > 0)
-    summary += fmt::format("; {} gradient(s) not judged: the reference reentrant checkpoint overflows them too",
-                           unjudged);
+    summary +=
+        fmt::format("; {} gradient(s) not judged: the reference reentrant checkpoint overflows them too", unjudged);
   return Finding::pass(kName, summary);
 }
 }  // namespace

@@ -41,11 +41,13 @@
 namespace ckv {
 namespace {
 const char* kName = "memory-saved";
-constexpr double kFactor = 1.25;        // allowed peak / estimate
-constexpr int64_t kMinSlack = 4096;     // bytes: RNG states, scalars, bookkeeping tensors
+constexpr double kFactor = 1.25;         // allowed peak / estimate
+constexpr int64_t kMinSlack = 4096;      // bytes: RNG states, scalars, bookkeeping tensors
 constexpr double kSlackFraction = 0.05;  // of the baseline's activations
 
-std::string kib(int64_t b) { return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0); }
+std::string kib(int64_t b) {
+  return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0);
+}
 
 struct Estimate {
   bool judged = false;
@@ -89,7 +91,9 @@ std::string plan_name(const Observations& o) {
   return o.strategy ? "(the strategy's: " + describe_effective_plan(o) + ")" : o.c.plan.to_string();
 }
 
-int64_t held_micro(const Observations& o) { return o.c.sched == Schedule::ffbb ? o.c.micro : 1; }
+int64_t held_micro(const Observations& o) {
+  return o.c.sched == Schedule::ffbb ? o.c.micro : 1;
+}
 
 int64_t slack_of(const Observations& o) {
   const StepMemory& b0 = o.baseline.memory.steps.at(0);
@@ -143,8 +147,9 @@ Estimate estimate_peak(const Observations& o) {
   e.estimate = held * kept + rebuilt + temporaries + left;
   const int64_t slack = slack_of(o);
   if (static_cast<double>(e.estimate) * kFactor + static_cast<double>(slack) >= static_cast<double>(e.baseline)) {
-    e.why_not = fmt::format("plan {} is not expected to save memory on this Case (estimate {} vs {} without checkpointing)",
-                            plan_name(o), kib(e.estimate), kib(e.baseline));
+    e.why_not =
+        fmt::format("plan {} is not expected to save memory on this Case (estimate {} vs {} without checkpointing)",
+                    plan_name(o), kib(e.estimate), kib(e.baseline));
     return e;
   }
   e.judged = true;
@@ -220,21 +225,20 @@ Finding judge(const Observations& o) {
                                  : "after-backward level not judged (one step cannot tell kept state from a leak)";
   if (T.steps.size() > 2)
     leak += fmt::format(", nothing carried into the next step (at most {} more than the baseline)", kib(carried_most));
-  if (!e.judged && !leak_judged)
-    return Finding::not_applicable(kName, "one step, and " + e.why_not);
+  if (!e.judged && !leak_judged) return Finding::not_applicable(kName, "one step, and " + e.why_not);
   if (!e.judged) return Finding::pass(kName, fmt::format("{}; peak {} not judged: {}", leak, kib(worst), e.why_not));
-  return Finding::pass(kName, fmt::format("activation peak {} vs {} without checkpointing (estimate {}); {}", kib(worst),
-                                          kib(e.baseline), kib(e.estimate), leak));
+  return Finding::pass(kName, fmt::format("activation peak {} vs {} without checkpointing (estimate {}); {}",
+                                          kib(worst), kib(e.baseline), kib(e.estimate), leak));
 }
 }  // namespace
 
 Property memory_saved_property() {
-  return {kName,
-          "after backward the run holds no more than without checkpointing, and carries no more of a step's tensors into "
-          "the next; where the plan should save memory, the activation peak is within 1.25x of the plan's estimate and "
-          "below the no-checkpoint peak",
-          judge};
+  return {
+      kName,
+      "after backward the run holds no more than without checkpointing, and carries no more of a step's tensors into "
+      "the next; where the plan should save memory, the activation peak is within 1.25x of the plan's estimate and "
+      "below the no-checkpoint peak",
+      judge};
 }
 
 }  // namespace ckv
-

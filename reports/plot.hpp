@@ -13,8 +13,8 @@ namespace ckv::report {
 struct Series {
   std::string title;
   std::vector<std::pair<double, double>> points;  // (x, y), in x order
-  bool points_only = false;                      // markers without a line (a scatter)
-  bool dashed = false;                           // a fitted or reference line
+  bool points_only = false;                       // markers without a line (a scatter)
+  bool dashed = false;                            // a fitted or reference line
 };
 
 struct LinePlot {

@@ -86,9 +86,9 @@ std::string to_console(const Report& r) {
   if (r.failure) {
     const size_t n = 1 + r.further.size();
     auto block = [&](const Failure& f, size_t k, const std::string& note) {
-      out += fmt::format("{}FAILED {}{}\n  case:    {}\n  where:   {}\n  detail:  {}\n  seed:    {}\n",
-                         k ? "\n" : "", f.property, n > 1 ? fmt::format(" (finding {} of {})", k + 1, n) : "",
-                         f.case_line, f.where, f.detail, f.seed);
+      out += fmt::format("{}FAILED {}{}\n  case:    {}\n  where:   {}\n  detail:  {}\n  seed:    {}\n", k ? "\n" : "",
+                         f.property, n > 1 ? fmt::format(" (finding {} of {})", k + 1, n) : "", f.case_line, f.where,
+                         f.detail, f.seed);
       for (const auto& [p, w] : f.also) out += fmt::format("  also:    {} failed at {}\n", p, w);
       if (!skipped_counts(r).empty())
         out += fmt::format("  skipped: {} (set aside: {})\n", skipped_counts(r), r.skip_reason);
@@ -118,20 +118,22 @@ std::string to_console(const Report& r) {
     if (r.time_budget_hit)
       out += fmt::format("time budget of {} s reached after {} of {} cases\n", r.time_budget_s, r.cases_run,
                          r.cases_requested);
-    if (r.cases_run == 0) out += "no case ran within the time budget: nothing was verified\n";
+    if (r.cases_run == 0)
+      out += "no case ran within the time budget: nothing was verified\n";
     else if (r.cases_run < (r.min_cases + r.shard_count - 1) / r.shard_count)
-      out += fmt::format("only {} case(s) ran, fewer than --min-cases {}{}: too little was verified\n", r.cases_run,
-                         r.min_cases, r.shard_count > 1 ? fmt::format(" (this shard's share: 1/{})", r.shard_count) : "");
+      out +=
+          fmt::format("only {} case(s) ran, fewer than --min-cases {}{}: too little was verified\n", r.cases_run,
+                      r.min_cases, r.shard_count > 1 ? fmt::format(" (this shard's share: 1/{})", r.shard_count) : "");
   }
   if (!r.error.empty()) out += "internal error: " + r.error + "\n";
   if (r.command == "repro")
     out += r.exit_code == 0 ? "PASS\n" : "FAIL\n";
   else
-    out += r.time_budget_hit && !r.failure
-               ? fmt::format("{}: {} of {} case(s) in {:.1f} s (time budget reached)\n",
-                             r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run, r.cases_requested, r.elapsed_s)
-               : fmt::format("{}: {} case(s) in {:.1f} s\n", r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run,
-                             r.elapsed_s);
+    out +=
+        r.time_budget_hit && !r.failure
+            ? fmt::format("{}: {} of {} case(s) in {:.1f} s (time budget reached)\n",
+                          r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run, r.cases_requested, r.elapsed_s)
+            : fmt::format("{}: {} case(s) in {:.1f} s\n", r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run, r.elapsed_s);
   return out;
 }
 
@@ -175,9 +177,8 @@ std::string to_json(const Report& r) {
   auto failure_json = [](const Failure& f, const std::string& shrink_note) {
     json also = json::array();
     for (const auto& [p, w] : f.also) also.push_back({{"property", p}, {"where", w}});
-    json x = {
-        {"property", f.property},           {"where", f.where}, {"detail", f.detail}, {"case_line", f.case_line},
-        {"case", json::parse(f.case_json)}, {"repro", f.repro}, {"seed", f.seed},     {"also", also}};
+    json x = {{"property", f.property},           {"where", f.where}, {"detail", f.detail}, {"case_line", f.case_line},
+              {"case", json::parse(f.case_json)}, {"repro", f.repro}, {"seed", f.seed},     {"also", also}};
     if (f.passing_before >= 0) x["case_index"] = f.passing_before;
     if (!shrink_note.empty()) x["shrink_note"] = shrink_note;
     return x;
@@ -276,14 +277,20 @@ Report from_json(const std::string& text) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-    else if (c == ']' || c == '}') --depth;
+    if (c == '"')
+      in_string = true;
+    else if (c == '[' || c == '{')
+      deepest = std::max(deepest, ++depth);
+    else if (c == ']' || c == '}')
+      --depth;
     if (deepest > 16) throw std::invalid_argument("not a ckverify report: JSON nested deeper than 16 levels");
   }
   const json j = json::parse(text, nullptr, false);
@@ -346,7 +353,8 @@ Report from_json(const std::string& text) {
     r.max_findings = j.value("max_findings", 1);
     if (r.max_findings < 1 || r.max_findings > 100) throw std::invalid_argument("\"max_findings\" out of [1, 100]");
     if (j.contains("further_failures")) {
-      if (!j.at("further_failures").is_array()) throw std::invalid_argument("not a ckverify report: \"further_failures\" is not a list");
+      if (!j.at("further_failures").is_array())
+        throw std::invalid_argument("not a ckverify report: \"further_failures\" is not a list");
       for (const auto& f : j.at("further_failures")) r.further.push_back(read_failure(f));
     }
     if (!r.further.empty() && !r.failure) throw std::invalid_argument("further failures without a first one");
@@ -374,7 +382,8 @@ Report from_json(const std::string& text) {
     if (j.contains("case_outcomes"))
       for (const auto& o : j.at("case_outcomes")) {
         const std::string code = o.at(1).get<std::string>();
-        if (code.size() != r.properties.size()) throw std::invalid_argument("a case outcome does not list every property");
+        if (code.size() != r.properties.size())
+          throw std::invalid_argument("a case outcome does not list every property");
         for (size_t p = 0; p < code.size(); ++p)
           if (std::string(r.properties[p].skipped ? "SX-" : "HNF-").find(code[p]) == std::string::npos)
             throw std::invalid_argument(fmt::format("a case outcome gives {} the letter '{}'", r.properties[p].name,
@@ -397,9 +406,11 @@ Report merge(const std::vector<Report>& shards) {
   const int n = a.shard_count;
   std::vector<int> seen(static_cast<size_t>(n), 0);
   for (const Report& r : shards) {
-    if (r.command != "check") throw std::invalid_argument("only `check` reports merge (got a \"" + r.command + "\" report)");
+    if (r.command != "check")
+      throw std::invalid_argument("only `check` reports merge (got a \"" + r.command + "\" report)");
     auto differs = [&](const char* what, bool d) {
-      if (d) throw std::invalid_argument(std::string("the reports are not shards of one run: their ") + what + " differ");
+      if (d)
+        throw std::invalid_argument(std::string("the reports are not shards of one run: their ") + what + " differ");
     };
     differs("implementations", r.impl != a.impl);
     differs("plans", r.plan != a.plan);
@@ -419,7 +430,8 @@ Report merge(const std::vector<Report>& shards) {
     differs("--max-findings", r.max_findings != a.max_findings);
     if (++seen[static_cast<size_t>(r.shard_index)] > 1)
       throw std::invalid_argument(fmt::format("shard {}/{} is given twice", r.shard_index + 1, n));
-    if (!r.error.empty()) throw std::invalid_argument(fmt::format("shard {}/{} ended in an internal error", r.shard_index + 1, n));
+    if (!r.error.empty())
+      throw std::invalid_argument(fmt::format("shard {}/{} ended in an internal error", r.shard_index + 1, n));
     std::set<int> listed;
     for (const auto& [i, code] : r.outcomes) {
       if (i < 0 || i >= r.cases_requested || i % n != r.shard_index)
@@ -433,11 +445,11 @@ Report merge(const std::vector<Report>& shards) {
         if (code[p] != 'F') continue;
         bool reported = false;
         for (const Failure* f : failures_of(r))
-          reported = reported || f->passing_before == i ||
-                     (f->property == r.properties[p].name && f->passing_before <= i);
+          reported =
+              reported || f->passing_before == i || (f->property == r.properties[p].name && f->passing_before <= i);
         if (!reported)
-          throw std::invalid_argument(fmt::format("shard {}/{} lists case {} as failed but does not report that failure",
-                                                  r.shard_index + 1, n, i));
+          throw std::invalid_argument(fmt::format(
+              "shard {}/{} lists case {} as failed but does not report that failure", r.shard_index + 1, n, i));
       }
     }
     // The shard's own counts and failures agree with its outcomes (the counts merge recomputes from).
@@ -446,8 +458,8 @@ Report merge(const std::vector<Report>& shards) {
       int h = 0, na = 0, sf = 0;
       for (const auto& [i, code] : r.outcomes) h += code[p] == 'H', na += code[p] == 'N', sf += code[p] == 'X';
       if (h != x.held || na != x.not_applicable || sf != x.skipped_failures)
-        throw std::invalid_argument(fmt::format("shard {}/{}: the counts of {} disagree with its case outcomes",
-                                                r.shard_index + 1, n, x.name));
+        throw std::invalid_argument(
+            fmt::format("shard {}/{}: the counts of {} disagree with its case outcomes", r.shard_index + 1, n, x.name));
     }
     for (const Failure* f : failures_of(r)) {
       bool at_its_case = false;
@@ -456,12 +468,13 @@ Report merge(const std::vector<Report>& shards) {
           for (size_t p = 0; p < code.size(); ++p)
             at_its_case = at_its_case || (r.properties[p].name == f->property && code[p] == 'F');
       if (!at_its_case)
-        throw std::invalid_argument(fmt::format("shard {}/{} reports a {} failure at case {}, which its outcomes do not show",
-                                                r.shard_index + 1, n, f->property, f->passing_before));
+        throw std::invalid_argument(
+            fmt::format("shard {}/{} reports a {} failure at case {}, which its outcomes do not show",
+                        r.shard_index + 1, n, f->property, f->passing_before));
     }
     if (static_cast<int>(r.outcomes.size()) != r.cases_run)
-      throw std::invalid_argument(fmt::format("shard {}/{} ran {} case(s) but lists {}", r.shard_index + 1, n,
-                                              r.cases_run, r.outcomes.size()));
+      throw std::invalid_argument(
+          fmt::format("shard {}/{} ran {} case(s) but lists {}", r.shard_index + 1, n, r.cases_run, r.outcomes.size()));
   }
   for (int k = 0; k < n; ++k)
     if (!seen[static_cast<size_t>(k)]) throw std::invalid_argument(fmt::format("shard {}/{} is missing", k + 1, n));
@@ -510,8 +523,8 @@ Report merge(const std::vector<Report>& shards) {
   // The unsharded run: cases 0, 1, 2, ... in order until the case of its last finding (when it found
   // --max-findings of them). A case no shard ran (its shard stopped at the time budget) ends it there,
   // as the budget would have.
-  const int last = static_cast<int>(picks.size()) == m.max_findings ? picks.back().f->passing_before
-                                                                      : a.cases_requested - 1;
+  const int last =
+      static_cast<int>(picks.size()) == m.max_findings ? picks.back().f->passing_before : a.cases_requested - 1;
   int next = 0;
   for (const auto& o : m.outcomes) {
     if (o.first != next || next > last) break;

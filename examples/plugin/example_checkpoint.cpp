@@ -132,7 +132,8 @@ struct Segment : torch::CustomClassHolder {
 // of a weight outlives the optimizer step that changes the weight.
 class ReplayForward {
  public:
-  explicit ReplayForward(const Segment& seg) : gens_(generators()), rng_(get_states(gens_)), autocast_(AutocastState::current()) {
+  explicit ReplayForward(const Segment& seg)
+      : gens_(generators()), rng_(get_states(gens_)), autocast_(AutocastState::current()) {
     set_states(gens_, seg.rng);
 #ifndef EXAMPLE_BUG_71124
     seg.autocast.install();
@@ -197,7 +198,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->set_materialize_grads(false);  // an unused output gets no gradient: skip it, don't backprop zeros
     variable_list integral;
     for (const auto& out : outputs)
-      if (out.defined() && !at::isFloatingType(out.scalar_type()) && !at::isComplexType(out.scalar_type())) integral.push_back(out);
+      if (out.defined() && !at::isFloatingType(out.scalar_type()) && !at::isComplexType(out.scalar_type()))
+        integral.push_back(out);
     ctx->mark_non_differentiable(integral);
     return outputs;
   }
@@ -260,14 +262,16 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     if (roots.empty()) return grads;
     if (from_real_inputs) {
       if (!inputs.empty()) {
-        variable_list g = torch::autograd::grad(roots, inputs, root_grads, /*retain_graph=*/true, true, /*allow_unused=*/true);
+        variable_list g =
+            torch::autograd::grad(roots, inputs, root_grads, /*retain_graph=*/true, true, /*allow_unused=*/true);
         for (size_t n = 0; n < wanted.size(); ++n) grads[wanted[n]] = g[n];
       }
     } else {
       // One nested pass for both. (Never with empty `inputs`: that would mean "every leaf".)
       variable_list targets = inputs;
       targets.insert(targets.end(), params.begin(), params.end());
-      if (!targets.empty()) torch::autograd::backward(roots, root_grads, /*retain_graph=*/create_graph, create_graph, targets);
+      if (!targets.empty())
+        torch::autograd::backward(roots, root_grads, /*retain_graph=*/create_graph, create_graph, targets);
       for (size_t n = 0; n < wanted.size(); ++n) grads[wanted[n]] = inputs[n].grad();
     }
     return grads;
@@ -294,7 +298,8 @@ class ExampleCheckpoint : public ckv::CheckpointImpl {
     // The parameters are not inputs of the Function: the outer backward would then hand each its
     // (undefined) gradient, running its hooks once more. A dummy leaf that requires grad stands in
     // for them, so the outputs require grad whenever some parameter does.
-    const bool trains = std::any_of(call.params.begin(), call.params.end(), [](const at::Tensor& p) { return p.requires_grad(); });
+    const bool trains =
+        std::any_of(call.params.begin(), call.params.end(), [](const at::Tensor& p) { return p.requires_grad(); });
     if (trains) inputs.push_back(torch::empty({0}, torch::requires_grad()));
     return CheckpointFunction::apply(at::TensorList(inputs), seg);
   }

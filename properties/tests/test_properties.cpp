@@ -60,7 +60,8 @@ TEST(Generators, ABoundedShareIsDeepAndNarrow) {
     EXPECT_EQ(c.model.d_model, 4) << to_line(c);
     EXPECT_LE(c.batch * c.seq, 8) << to_line(c);
     const auto segs = c.plan.segments(c.model.layers, c.model.attention, c.model.tie == Tie::head);
-    const int checkpointed = static_cast<int>(std::count_if(segs.begin(), segs.end(), [](const auto& s) { return s.checkpointed; }));
+    const int checkpointed =
+        static_cast<int>(std::count_if(segs.begin(), segs.end(), [](const auto& s) { return s.checkpointed; }));
     wraps32 += checkpointed * (c.sched == Schedule::ffbb ? c.micro : 1) > 32;
   }
   EXPECT_GT(deep, n / kDeepShare / 2);
@@ -201,7 +202,8 @@ const FaultDemo kDemos[] = {
     {"first-output-only", "segio=multi", "segio=single"},
     {"reentrant-hooks", "hook=scale", "hook=none"},
     {"nograd-forward-cache", "tie=head plan=block prec=bf16", "tie=none plan=block prec=bf16"},
-    {"leaf-input-recompute", "gp=0.1 pos=post attn=bidir plan=every2 layers=4", "pos=post attn=bidir plan=every2 layers=4"},
+    {"leaf-input-recompute", "gp=0.1 pos=post attn=bidir plan=every2 layers=4",
+     "pos=post attn=bidir plan=every2 layers=4"},
     {"reentrant-no-autocast", "prec=bf16", "prec=fp32"},
     {"carry-input-grads", "d=16 batch=8 seq=16 steps=3", "d=16 batch=8 seq=16 steps=2"},
     {"rng-ring-32", "layers=12 micro=3 sched=ffbb", "layers=12 micro=2 sched=ffbb"},  // 36 / 24 calls waiting
@@ -318,7 +320,8 @@ TEST(MemorySaved, HoldsForAnImplementationThatCopiesInputsAndKeepsStatePerCall) 
    public:
     std::vector<torch::Tensor> run(const SegmentCall& call) override {
       std::vector<c10::IValue> args;
-      for (const auto& a : call.args) args.push_back(a.isTensor() && a.toTensor().defined() ? c10::IValue(a.toTensor().clone()) : a);
+      for (const auto& a : call.args)
+        args.push_back(a.isTensor() && a.toTensor().defined() ? c10::IValue(a.toTensor().clone()) : a);
       kept_.push_back(RngState::capture());
       return checkpoint(call.fn, std::move(args));
     }
@@ -328,7 +331,8 @@ TEST(MemorySaved, HoldsForAnImplementationThatCopiesInputsAndKeepsStatePerCall) 
     std::vector<RngState> kept_;
   };
   for (const char* keys : {"plan=sqrt micro=2 sched=ffbb", "plan=block micro=3 segio=multi", "plan=seg3 prec=bf16"}) {
-    const Case c = case_from_line(std::string("layers=12 d=32 heads=4 ffn=4 vocab=13 batch=8 seq=32 steps=2 seed=9 ") + keys);
+    const Case c =
+        case_from_line(std::string("layers=12 d=32 heads=4 ffn=4 vocab=13 batch=8 seq=32 steps=2 seed=9 ") + keys);
     CopyingCheckpoint impl;
     const auto fs = check_case(c, impl);
     EXPECT_EQ(failures(fs), "") << keys;

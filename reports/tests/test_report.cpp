@@ -82,7 +82,6 @@ TEST(Report, MarkdownTableAndFailureSection) {
   EXPECT_NE(m.find("- repro: `ckverify repro shrunk.json`"), std::string::npos) << m;
 }
 
-
 // A shard of a check run: cases `indices`, each with one outcome code over the two properties.
 Report shard(int k, int n, std::vector<std::pair<int, std::string>> outcomes, int failing_index = -1) {
   Report r;
@@ -121,8 +120,9 @@ TEST(Report, JsonReadsBackWhatItWrote) {
 }
 
 TEST(Report, MergedPassingShardsCountEveryCase) {
-  const Report m = merge({shard(1, 3, {{0, "NH"}, {3, "HH"}, {6, "HH"}}), shard(3, 3, {{2, "HH"}, {5, "HH"}, {8, "NH"}}),
-                          shard(2, 3, {{1, "HH"}, {4, "HH"}, {7, "HH"}})});
+  const Report m =
+      merge({shard(1, 3, {{0, "NH"}, {3, "HH"}, {6, "HH"}}), shard(3, 3, {{2, "HH"}, {5, "HH"}, {8, "NH"}}),
+             shard(2, 3, {{1, "HH"}, {4, "HH"}, {7, "HH"}})});
   EXPECT_EQ(m.exit_code, 0);
   EXPECT_EQ(m.cases_run, 9);
   EXPECT_EQ(m.properties[0].held, 7);
@@ -150,7 +150,8 @@ TEST(Report, MergeEndsWhereNoShardRanACase) {
   Report s2 = shard(2, 3, {{1, "HH"}});
   s2.time_budget_hit = true;
   s2.time_budget_s = 5;
-  const Report m = merge({shard(1, 3, {{0, "HH"}, {3, "HH"}, {6, "HH"}}), s2, shard(3, 3, {{2, "HH"}, {5, "HH"}, {8, "HH"}})});
+  const Report m =
+      merge({shard(1, 3, {{0, "HH"}, {3, "HH"}, {6, "HH"}}), s2, shard(3, 3, {{2, "HH"}, {5, "HH"}, {8, "HH"}})});
   EXPECT_EQ(m.cases_run, 4);
   EXPECT_TRUE(m.time_budget_hit);
   EXPECT_EQ(m.time_budget_s, 5);
@@ -178,7 +179,8 @@ TEST(Report, MergeRefusesWhatIsNotOneRun) {
   other.seed = 8;
   EXPECT_NE(message({shard(1, 2, {{0, "HH"}}), other}).find("seeds differ"), std::string::npos);
   EXPECT_EQ(message({}), "nothing to merge");
-  EXPECT_EQ(message({shard(1, 2, {{1, "HH"}}), shard(2, 2, {{3, "HH"}})}), "shard 1/2 lists case 1, which is not one of its cases");
+  EXPECT_EQ(message({shard(1, 2, {{1, "HH"}}), shard(2, 2, {{3, "HH"}})}),
+            "shard 1/2 lists case 1, which is not one of its cases");
 }
 
 TEST(Report, MergeRefusesForgedShards) {
@@ -198,7 +200,8 @@ TEST(Report, MergeRefusesForgedShards) {
 TEST(Report, MergeRefusesCountsOrFailuresTheOutcomesDoNotShow) {
   Report counts = shard(1, 2, {{0, "HH"}});
   counts.properties[0].held = 7;
-  EXPECT_EQ(message({counts, shard(2, 2, {{1, "HH"}})}), "shard 1/2: the counts of rng-replay disagree with its case outcomes");
+  EXPECT_EQ(message({counts, shard(2, 2, {{1, "HH"}})}),
+            "shard 1/2: the counts of rng-replay disagree with its case outcomes");
   Report hidden = shard(1, 2, {{0, "HH"}, {2, "HH"}}, 2);  // a failure whose case shows every property held
   EXPECT_EQ(message({hidden, shard(2, 2, {{1, "HH"}})}),
             "shard 1/2 reports a grad-baseline failure at case 2, which its outcomes do not show");
@@ -299,7 +302,9 @@ TEST(Report, MergeJudgesMinCasesOnTheWhole) {
   const Report m = merge({with_min(shard(1, 2, {{0, "HH"}, {2, "HH"}, {4, "HH"}})), s2});
   EXPECT_EQ(m.cases_run, 3);  // case 3 never ran: the merged run ends before it
   EXPECT_EQ(m.exit_code, 1);
-  EXPECT_EQ(merge({with_min(shard(1, 2, {{0, "HH"}, {2, "HH"}})), with_min(shard(2, 2, {{1, "HH"}, {3, "HH"}}))}).exit_code, 0);
+  EXPECT_EQ(
+      merge({with_min(shard(1, 2, {{0, "HH"}, {2, "HH"}})), with_min(shard(2, 2, {{1, "HH"}, {3, "HH"}}))}).exit_code,
+      0);
   EXPECT_THROW(merge({with_min(shard(1, 2, {{0, "HH"}})), shard(2, 2, {{1, "HH"}})}), std::invalid_argument);
 }
 
@@ -349,8 +354,9 @@ TEST(Report, MergeKeepsTheEarliestFindingOfEachProperty) {
     return r;
   };
   // Shard 1 finds grad-baseline at 2 and rng-replay at 4; shard 2 finds rng-replay at 1.
-  const Report m = merge({multi(shard(1, 2, {{0, "HH"}, {2, "HF"}, {4, "FF"}}), {finding("grad-baseline", 2), finding("rng-replay", 4)}),
-                          multi(shard(2, 2, {{1, "FH"}, {3, "FH"}, {5, "FH"}}), {finding("rng-replay", 1)})});
+  const Report m = merge(
+      {multi(shard(1, 2, {{0, "HH"}, {2, "HF"}, {4, "FF"}}), {finding("grad-baseline", 2), finding("rng-replay", 4)}),
+       multi(shard(2, 2, {{1, "FH"}, {3, "FH"}, {5, "FH"}}), {finding("rng-replay", 1)})});
   ASSERT_TRUE(m.failure);
   EXPECT_EQ(m.failure->property, "rng-replay");
   EXPECT_EQ(m.failure->passing_before, 1);
@@ -362,9 +368,9 @@ TEST(Report, MergeKeepsTheEarliestFindingOfEachProperty) {
 }
 
 TEST(Report, ReadingRefusesMalformedAndDeepInputInOneLine) {
-  for (const std::string& text : {std::string("{\"tool\": \"ckverify\""), std::string("[1, 2]"), std::string("{}"),
-                                 std::string(100000, '[') + std::string(100000, ']'),
-                                 std::string("{\"tool\": \"ckverify\", \"command\": 3}")}) {
+  for (const std::string& text :
+       {std::string("{\"tool\": \"ckverify\""), std::string("[1, 2]"), std::string("{}"),
+        std::string(100000, '[') + std::string(100000, ']'), std::string("{\"tool\": \"ckverify\", \"command\": 3}")}) {
     try {
       from_json(text);
       ADD_FAILURE() << "accepted " << text.substr(0, 40);

@@ -363,13 +363,16 @@ const std::vector<Field>& fields() {
       Field f;
       f.key = "impl";
       f.values = "name";
-      f.help = "implementation under test: builtin, a fault (ckverify list), a plugin PATH.so[:k=v,...] or py:MODULE:CALLABLE[:k=v,...]";
+      f.help =
+          "implementation under test: builtin, a fault (ckverify list), a plugin PATH.so[:k=v,...] or "
+          "py:MODULE:CALLABLE[:k=v,...]";
       f.get = [](const Case& c) { return json(c.impl); };
       f.set = [](Case& c, const json& j) {
         const std::string v = j.is_string() ? j.get<std::string>() : "";
         const bool printable = v.find_first_of(" \t\r\n") == std::string::npos && sanitize(v, 512) == v;
         if (v.empty() || !printable)
-          fail("impl=" + quoted(j) + " must be a non-empty name or spec of at most 512 printable ASCII characters, no blanks");
+          fail("impl=" + quoted(j) +
+               " must be a non-empty name or spec of at most 512 printable ASCII characters, no blanks");
         c.impl = v;
       };
       t.push_back(f);

@@ -226,7 +226,7 @@ torch::Tensor RecomputeFrame::unpack(size_t index) {
   int64_t key = compat::current_backward_key();
   const bool private_key = key < 0;
   if (private_key) key = next_private_key_--;  // outside backward: a recompute of its own
-  struct Erase {  // a private pass serves this one unpack
+  struct Erase {                               // a private pass serves this one unpack
     RecomputeFrame* f;
     int64_t key;
     bool on;

@@ -90,11 +90,11 @@ class RecomputeFrame : public std::enable_shared_from_this<RecomputeFrame> {
     std::vector<bool> taken;
     std::weak_ptr<int> alive;  // expires when its backward call ends (none outside backward)
   };
-  std::map<int64_t, Pass> passes_;  // by backward call (compat::current_backward_key)
-  int64_t next_private_key_ = -2;   // for unpacks outside any backward call
-  size_t wanted_ = 0;               // tensors the running recompute must collect
-  int64_t recompute_backward_key_ = -1;  // the backward call the running recompute serves
-  std::thread::id recomputing_;     // the thread running this frame's recompute, if any
+  std::map<int64_t, Pass> passes_;                         // by backward call (compat::current_backward_key)
+  int64_t next_private_key_ = -2;                          // for unpacks outside any backward call
+  size_t wanted_ = 0;                                      // tensors the running recompute must collect
+  int64_t recompute_backward_key_ = -1;                    // the backward call the running recompute serves
+  std::thread::id recomputing_;                            // the thread running this frame's recompute, if any
   std::optional<std::vector<c10::IValue>> prepared_args_;  // recompute_args(), fetched before the state is set up
   bool forward_done_ = false;
   // Tensor inputs saved through the saved-tensor hooks around the checkpoint: (arg index, saved).

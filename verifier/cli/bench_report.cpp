@@ -14,9 +14,15 @@
 
 namespace ckv::cli {
 namespace {
-double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
-std::string pct(double x) { return fmt::format("{:+.1f}%", 100.0 * x); }
-std::string bound_text(const PlanBench& p) { return p.overhead_bound < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * p.overhead_bound); }
+double mib(int64_t b) {
+  return static_cast<double>(b) / (1024.0 * 1024.0);
+}
+std::string pct(double x) {
+  return fmt::format("{:+.1f}%", 100.0 * x);
+}
+std::string bound_text(const PlanBench& p) {
+  return p.overhead_bound < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * p.overhead_bound);
+}
 // The overhead with its interval: "+23.6% [+22.0,+25.1]"; a "*" marks an interval over fewer rounds
 // than a 95% one needs.
 std::string overhead_text(const PlanBench& p) {
@@ -46,7 +52,9 @@ std::string comparison_text(const ImplComparison& c) {
   if (c.ci.coverage < 0.95) verdict += " (too few rounds for a 95% interval)";
   return fmt::format("{:.3f}x [{:.3f},{:.3f}]: {}", c.ratio, c.ci.lo, c.ci.hi, verdict);
 }
-std::string row_name(const PlanBench& p) { return p.impl.empty() ? p.plan : p.plan + " (" + p.impl + ")"; }
+std::string row_name(const PlanBench& p) {
+  return p.impl.empty() ? p.plan : p.plan + " (" + p.impl + ")";
+}
 }  // namespace
 
 report::LinePlot amp_error_plot(const std::vector<AmpRow>& rows, const std::string& plan, const std::string& impl) {
@@ -82,9 +90,10 @@ std::string bench_table(const BenchResult& r) {
     s += "\n";
   }
   s += fmt::format("timed rounds: {} ({})\n\n", r.rounds, r.stopped);
-  s += fmt::format("{:<{}} {:>5} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>24} {:>7} {:>10} {:>8} {:>9}{}\n",
-                   "plan", w, "impl", "peak MiB", "saving", "kept MiB", "step ms", "(spread)", "fwd ms", "bwd ms", "opt ms",
-                   "overhead [95% interval]", "bound", "tokens/s", "save/ovh", "loss dev", verified ? "  verified" : "");
+  s += fmt::format(
+      "{:<{}} {:>5} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>24} {:>7} {:>10} {:>8} {:>9}{}\n", "plan", w,
+      "impl", "peak MiB", "saving", "kept MiB", "step ms", "(spread)", "fwd ms", "bwd ms", "opt ms",
+      "overhead [95% interval]", "bound", "tokens/s", "save/ovh", "loss dev", verified ? "  verified" : "");
   bool starred = false;
   for (const PlanBench& p : r.plans) {
     const std::string tag = p.impl.empty() ? "-" : impl_tag(r, p.impl);
@@ -93,22 +102,26 @@ std::string bench_table(const BenchResult& r) {
       continue;
     }
     starred |= !(p.plan == "none" && p.impl.empty()) && p.overhead_ci.coverage < 0.95;
-    s += fmt::format("{:<{}} {:>5} {:>10.1f} {:>8} {:>10.1f} {:>10.1f} {:>8} {:>8.1f} {:>8.1f} {:>8.1f} {:>24} {:>7} {:>10.0f} {:>8} {:>9.1e}{}\n",
-                     p.plan, w, tag, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s,
-                     fmt::format("({:.0f}%)", 100.0 * p.spread), 1e3 * p.forward_s, 1e3 * p.backward_s,
-                     1e3 * p.optimizer_s, overhead_text(p), bound_text(p), p.tokens_per_s, ratio_text(p),
-                     p.loss_divergence, verified ? "  " + (p.verified.empty() ? std::string("-") : p.verified) : "");
+    s += fmt::format(
+        "{:<{}} {:>5} {:>10.1f} {:>8} {:>10.1f} {:>10.1f} {:>8} {:>8.1f} {:>8.1f} {:>8.1f} {:>24} {:>7} {:>10.0f} "
+        "{:>8} {:>9.1e}{}\n",
+        p.plan, w, tag, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s,
+        fmt::format("({:.0f}%)", 100.0 * p.spread), 1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s,
+        overhead_text(p), bound_text(p), p.tokens_per_s, ratio_text(p), p.loss_divergence,
+        verified ? "  " + (p.verified.empty() ? std::string("-") : p.verified) : "");
     if (p.budget_batch > 0)
-      s += fmt::format("{:<8}   within the budget: batch {} (peak {:.1f} MiB) at {:.0f} tokens/s\n", "",
-                       p.budget_batch, mib(p.budget_peak), p.budget_tokens_per_s);
+      s += fmt::format("{:<8}   within the budget: batch {} (peak {:.1f} MiB) at {:.0f} tokens/s\n", "", p.budget_batch,
+                       mib(p.budget_peak), p.budget_tokens_per_s);
   }
   s += "overhead: median over the rounds of step / step(none) - 1, with its distribution-free 95% interval; "
        "save/ovh only where that interval excludes 0 (noise: it does not)\n";
   if (starred) s += "*: fewer timed rounds than a 95% interval needs (6); the interval is [min, max]\n";
   for (const PlanBench& p : r.plans)
-    if (!p.verified_detail.empty()) s += fmt::format("verification of {} {}: {}\n  {}\n", row_name(p), p.verified, "shrunk to", p.verified_detail);
+    if (!p.verified_detail.empty())
+      s += fmt::format("verification of {} {}: {}\n  {}\n", row_name(p), p.verified, "shrunk to", p.verified_detail);
   if (!r.comparisons.empty()) {
-    s += fmt::format("\nagainst [1] {} on the same plan (median of per-round step-time ratios, 95% interval):\n", r.impls.front());
+    s += fmt::format("\nagainst [1] {} on the same plan (median of per-round step-time ratios, 95% interval):\n",
+                     r.impls.front());
     for (const ImplComparison& c : r.comparisons)
       s += fmt::format("  {:<{}} {:>5} {}\n", c.plan, w, impl_tag(r, c.impl), comparison_text(c));
   }
@@ -157,23 +170,28 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                 {"losses", p.losses},
                 {"loss_divergence", p.loss_divergence}});
       if (p.budget_batch > 0)
-        j["budget"] = {{"batch", p.budget_batch}, {"peak_bytes", p.budget_peak}, {"tokens_per_s", p.budget_tokens_per_s}};
+        j["budget"] = {
+            {"batch", p.budget_batch}, {"peak_bytes", p.budget_peak}, {"tokens_per_s", p.budget_tokens_per_s}};
     }
     plans.push_back(j);
   }
   json growth = json::array();
-  for (const GrowthPoint& g : r.growth) growth.push_back({{"layers", g.layers}, {"none_bytes", g.none}, {"sqrt_bytes", g.sqrt}});
+  for (const GrowthPoint& g : r.growth)
+    growth.push_back({{"layers", g.layers}, {"none_bytes", g.none}, {"sqrt_bytes", g.sqrt}});
   json comparisons = json::array();
   for (const ImplComparison& c : r.comparisons)
-    comparisons.push_back({{"plan", c.plan}, {"impl", c.impl}, {"against", c.against}, {"ratio", c.ratio},
-                           {"interval", {c.ci.lo, c.ci.hi}}, {"coverage", c.ci.coverage},
+    comparisons.push_back({{"plan", c.plan},
+                           {"impl", c.impl},
+                           {"against", c.against},
+                           {"ratio", c.ratio},
+                           {"interval", {c.ci.lo, c.ci.hi}},
+                           {"coverage", c.ci.coverage},
                            {"within_noise", c.ci.contains(1.0)}});
-  json j{{"tool", "ckverify"},          {"command", "bench"},       {"impl", impl},
-         {"impls", r.impls},            {"rounds", r.rounds},       {"converged", r.converged},
-         {"stopped", r.stopped},        {"comparisons", comparisons},
-         {"device", device},            {"threads", threads},       {"case", r.case_line},
-         {"tokens_per_step", r.tokens_per_step}, {"plans", plans}, {"diverged", r.diverged},
-         {"loss_tolerance", kLossTolerance}};
+  json j{{"tool", "ckverify"},   {"command", "bench"},         {"impl", impl},
+         {"impls", r.impls},     {"rounds", r.rounds},         {"converged", r.converged},
+         {"stopped", r.stopped}, {"comparisons", comparisons}, {"device", device},
+         {"threads", threads},   {"case", r.case_line},        {"tokens_per_step", r.tokens_per_step},
+         {"plans", plans},       {"diverged", r.diverged},     {"loss_tolerance", kLossTolerance}};
   if (!r.growth.empty())
     j["growth"] = {{"points", growth},
                    {"fit", "peak = c + a * L^k"},
@@ -204,7 +222,8 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
   // Data.
   std::string csv =
       "plan,impl,total_peak_bytes,saving,forward_kept_bytes,step_peak_bytes,params_bytes,grads_bytes,optimizer_bytes,"
-      "step_s,step_spread,forward_s,backward_s,optimizer_s,overhead,overhead_lo,overhead_hi,overhead_bound,tokens_per_s,"
+      "step_s,step_spread,forward_s,backward_s,optimizer_s,overhead,overhead_lo,overhead_hi,overhead_bound,tokens_per_"
+      "s,"
       "loss_divergence\n";
   auto quoted = [](const std::string& v) {
     std::string q = "\"";
@@ -213,12 +232,12 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
   };
   for (const PlanBench& p : r.plans)
     if (p.completed)
-      csv += fmt::format("{},{},{},{:.6f},{},{},{},{},{},{:.6f},{:.4f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.2f},{:.3e}\n",
-                         p.plan, quoted(p.impl), p.total_peak, p.saving, p.forward_kept, p.step_peak, p.params, p.grads,
-                         p.optimizer, p.step_s, p.spread, p.forward_s, p.backward_s, p.optimizer_s, p.overhead,
-                         p.overhead_ci.lo, p.overhead_ci.hi,
-                         p.overhead_bound < 0 ? std::string() : fmt::format("{:.6f}", p.overhead_bound), p.tokens_per_s,
-                         p.loss_divergence);
+      csv += fmt::format(
+          "{},{},{},{:.6f},{},{},{},{},{},{:.6f},{:.4f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.2f},{:.3e}\n",
+          p.plan, quoted(p.impl), p.total_peak, p.saving, p.forward_kept, p.step_peak, p.params, p.grads, p.optimizer,
+          p.step_s, p.spread, p.forward_s, p.backward_s, p.optimizer_s, p.overhead, p.overhead_ci.lo, p.overhead_ci.hi,
+          p.overhead_bound < 0 ? std::string() : fmt::format("{:.6f}", p.overhead_bound), p.tokens_per_s,
+          p.loss_divergence);
   write_atomically(path("plans.csv"), csv);
   std::string losses = "plan,impl,step,loss\n";
   for (const PlanBench& p : r.plans)
@@ -278,8 +297,10 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
     p.log_x = true, p.log_y = true, p.y_floor = 1e-6;
     report::Series n, q, fn, fq;
     n.title = "none (measured)", q.title = "sqrt (measured)";
-    fn.title = fmt::format("none fit: {:.1f} + {:.2f} * L^{:.2f} MiB", r.fit_none.c / 1048576.0, r.fit_none.a / 1048576.0, r.fit_none.k);
-    fq.title = fmt::format("sqrt fit: {:.1f} + {:.2f} * L^{:.2f} MiB", r.fit_sqrt.c / 1048576.0, r.fit_sqrt.a / 1048576.0, r.fit_sqrt.k);
+    fn.title = fmt::format("none fit: {:.1f} + {:.2f} * L^{:.2f} MiB", r.fit_none.c / 1048576.0,
+                           r.fit_none.a / 1048576.0, r.fit_none.k);
+    fq.title = fmt::format("sqrt fit: {:.1f} + {:.2f} * L^{:.2f} MiB", r.fit_sqrt.c / 1048576.0,
+                           r.fit_sqrt.a / 1048576.0, r.fit_sqrt.k);
     fn.dashed = fq.dashed = true;
     for (const GrowthPoint& g : r.growth) {
       n.points.emplace_back(g.layers, mib(g.none));
@@ -299,66 +320,82 @@ void write_bench_report(const std::string& dir, const BenchResult& r, const AmpA
   md += fmt::format("Command: `{}`  \nImplementation: `{}`; device: {}; {} tokens per step.  \nCase: `{}`\n\n", command,
                     impl, device_note, r.tokens_per_step, r.case_line);
   md += fmt::format("Timed rounds: {} ({}).\n\n", r.rounds, r.stopped);
-  md += "Peak: parameters + optimizer state + the step's peak of tensor memory above its start (activations, "
-        "gradients as they are built, temporaries). Kept: what the forward keeps for backward. Every row trains one "
-        "step per round, the order rotating each round. Times are medians over the timed rounds (spread = (max - min) "
-        "/ median). Overhead: the median over the rounds of step / step(`none`) - 1, with its distribution-free 95% "
-        "interval (the order statistics of the per-round ratios; * marks fewer rounds than a 95% interval needs). "
-        "Bound: T_fwd(recomputed units) / (T_fwd + T_bwd) measured on `none`. save/ovh: memory saving per unit of "
-        "time overhead, only where the overhead's interval excludes 0 (noise: it does not). loss dev: largest relative "
-        "deviation of the row's loss curve from `none`'s.\n\n";
+  md +=
+      "Peak: parameters + optimizer state + the step's peak of tensor memory above its start (activations, "
+      "gradients as they are built, temporaries). Kept: what the forward keeps for backward. Every row trains one "
+      "step per round, the order rotating each round. Times are medians over the timed rounds (spread = (max - min) "
+      "/ median). Overhead: the median over the rounds of step / step(`none`) - 1, with its distribution-free 95% "
+      "interval (the order statistics of the per-round ratios; * marks fewer rounds than a 95% interval needs). "
+      "Bound: T_fwd(recomputed units) / (T_fwd + T_bwd) measured on `none`. save/ovh: memory saving per unit of "
+      "time overhead, only where the overhead's interval excludes 0 (noise: it does not). loss dev: largest relative "
+      "deviation of the row's loss curve from `none`'s.\n\n";
   md += "verified: the gate's verdict on generated Cases with the plan or strategy (`--verify-cases`).\n\n";
-  md += "| plan | impl | peak MiB | saving | kept MiB | step ms | spread | fwd ms | bwd ms | opt ms | overhead [95%] | bound | "
-        "tokens/s | save/ovh | loss dev | verified |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  md +=
+      "| plan | impl | peak MiB | saving | kept MiB | step ms | spread | fwd ms | bwd ms | opt ms | overhead [95%] | "
+      "bound | "
+      "tokens/s | save/ovh | loss dev | verified "
+      "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const PlanBench& p : r.plans) {
     const std::string tag = p.impl.empty() ? "-" : "`" + p.impl + "`";
     if (!p.completed) {
       md += fmt::format("| {} | {} | FAILED: {} |||||||||||||\n", p.plan, tag, p.error);
       continue;
     }
-    md += fmt::format("| {} | {} | {:.1f} | {} | {:.1f} | {:.1f} | {:.0f}% | {:.1f} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {} | {:.1e} | {} |\n",
-                      p.plan, tag, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s, 100.0 * p.spread,
-                      1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s, overhead_text(p), bound_text(p),
-                      p.tokens_per_s, ratio_text(p), p.loss_divergence, p.verified.empty() ? "-" : p.verified);
+    md += fmt::format(
+        "| {} | {} | {:.1f} | {} | {:.1f} | {:.1f} | {:.0f}% | {:.1f} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {} | "
+        "{:.1e} | {} |\n",
+        p.plan, tag, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s, 100.0 * p.spread,
+        1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s, overhead_text(p), bound_text(p), p.tokens_per_s,
+        ratio_text(p), p.loss_divergence, p.verified.empty() ? "-" : p.verified);
   }
   if (!r.comparisons.empty()) {
-    md += fmt::format("\nAgainst `{}` on the same plan (median of the per-round step-time ratios, 95% interval):\n\n"
-                      "| plan | impl | ratio |\n|---|---|---|\n", r.impls.front());
+    md += fmt::format(
+        "\nAgainst `{}` on the same plan (median of the per-round step-time ratios, 95% interval):\n\n"
+        "| plan | impl | ratio |\n|---|---|---|\n",
+        r.impls.front());
     for (const ImplComparison& c : r.comparisons)
       md += fmt::format("| {} | `{}` | {} |\n", c.plan, c.impl, comparison_text(c));
   }
   bool budget = false;
   for (const PlanBench& p : r.plans) budget |= p.budget_batch > 0;
   if (budget) {
-    md += "\nLargest batch within the memory budget (measured at that batch):\n\n| plan | batch | peak MiB | tokens/s |\n|---|---:|---:|---:|\n";
+    md +=
+        "\nLargest batch within the memory budget (measured at that batch):\n\n| plan | batch | peak MiB | tokens/s "
+        "|\n|---|---:|---:|---:|\n";
     for (const PlanBench& p : r.plans)
       if (p.budget_batch > 0)
-        md += fmt::format("| {} | {} | {:.1f} | {:.0f} |\n", row_name(p), p.budget_batch, mib(p.budget_peak), p.budget_tokens_per_s);
+        md += fmt::format("| {} | {} | {:.1f} | {:.0f} |\n", row_name(p), p.budget_batch, mib(p.budget_peak),
+                          p.budget_tokens_per_s);
   }
   md += "\n![memory vs time](memory_time.png)\n\n";
-  md += r.diverged.empty() ? fmt::format("Loss curves: every plan's curve equals `none`'s within {:.0e} (relative).\n\n", kLossTolerance)
-                           : "Loss curves: **diverged**: " + fmt::format("{}", fmt::join(r.diverged, ", ")) + "\n\n";
+  md +=
+      r.diverged.empty()
+          ? fmt::format("Loss curves: every plan's curve equals `none`'s within {:.0e} (relative).\n\n", kLossTolerance)
+          : "Loss curves: **diverged**: " + fmt::format("{}", fmt::join(r.diverged, ", ")) + "\n\n";
   md += "![loss curves](losses.png)\n\n";
   if (!r.growth.empty()) {
-    md += fmt::format("## Growth law\n\nThe step's peak above its start, block parameters frozen (so their gradients, "
-                      "which grow like L under every plan, stay out), fitted as c + a * L^k (c: what every depth "
-                      "pays: input, head, loss, backward's temporaries). `none`: k = {:.2f}; `sqrt`: k = {:.2f}.\n\n"
-                      "| layers | none KiB | sqrt KiB |\n|---:|---:|---:|\n",
-                      r.fit_none.k, r.fit_sqrt.k);
-    for (const GrowthPoint& g : r.growth) md += fmt::format("| {} | {:.1f} | {:.1f} |\n", g.layers, g.none / 1024.0, g.sqrt / 1024.0);
+    md += fmt::format(
+        "## Growth law\n\nThe step's peak above its start, block parameters frozen (so their gradients, "
+        "which grow like L under every plan, stay out), fitted as c + a * L^k (c: what every depth "
+        "pays: input, head, loss, backward's temporaries). `none`: k = {:.2f}; `sqrt`: k = {:.2f}.\n\n"
+        "| layers | none KiB | sqrt KiB |\n|---:|---:|---:|\n",
+        r.fit_none.k, r.fit_sqrt.k);
+    for (const GrowthPoint& g : r.growth)
+      md += fmt::format("| {} | {:.1f} | {:.1f} |\n", g.layers, g.none / 1024.0, g.sqrt / 1024.0);
     if (r.growth.size() >= 3) md += "\n![growth](growth.png)\n";
     md += "\n";
   }
   if (!r.growth_stopped.empty()) md += "Growth stopped short at " + r.growth_stopped + ".\n\n";
   if (!r.growth_failed.empty()) md += "**Growth: the implementation failed** at " + r.growth_failed + ".\n\n";
   if (amp) {
-    md += fmt::format("## AMP drift\n\n`ckverify audit-amp` on the same Case, plan `{}`: gradient error against fp64 per "
-                      "parameter group and precision, with and without checkpointing (data: amp.csv). {}\n\n",
-                      amp->plan,
-                      amp->exceeded.empty() && amp->failed.empty()
-                          ? "Checkpoint drift is within its allowance (noise floor, design floor) everywhere."
-                          : "**Checkpoint drift exceeds its allowance** (" +
-                                (amp->exceeded.empty() ? amp->failed.front() : amp->exceeded.front()) + ").");
+    md += fmt::format(
+        "## AMP drift\n\n`ckverify audit-amp` on the same Case, plan `{}`: gradient error against fp64 per "
+        "parameter group and precision, with and without checkpointing (data: amp.csv). {}\n\n",
+        amp->plan,
+        amp->exceeded.empty() && amp->failed.empty()
+            ? "Checkpoint drift is within its allowance (noise floor, design floor) everywhere."
+            : "**Checkpoint drift exceeds its allowance** (" +
+                  (amp->exceeded.empty() ? amp->failed.front() : amp->exceeded.front()) + ").");
     for (const auto& s : amp->skipped) md += "Skipped: " + s + "\n\n";
     md += "![amp drift](amp_drift.png)\n";
   }

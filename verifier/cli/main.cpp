@@ -11,34 +11,34 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <algorithm>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <tuple>
 
 #include "properties/tolerance.hpp"
 #include "reports/plot.hpp"
 #include "reports/report.hpp"
+#include "verifier/cli/bench_report.hpp"
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/search.hpp"
 #include "verifier/cli/workers.hpp"
 #include "verifier/impls/loader.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/amp_audit.hpp"
-#include "verifier/cli/bench_report.hpp"
 #include "verifier/run/bench.hpp"
 
 #include <malloc.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
 #include <csignal>
 #include <cstdlib>
-#include <unistd.h>
 
 #include <filesystem>
 #include <sstream>
@@ -69,7 +69,8 @@ report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, cons
   f.repro = repro;
   f.seed = c.seed;
   for (const auto& o : fs)
-    if (o.failed() && o.property != head.property && !skipped.count(o.property)) f.also.emplace_back(o.property, o.where);
+    if (o.failed() && o.property != head.property && !skipped.count(o.property))
+      f.also.emplace_back(o.property, o.where);
   return f;
 }
 
@@ -122,7 +123,8 @@ Skip parse_skip(const std::vector<std::string>& given, const std::string& reason
   if (s.properties.empty() && !reason.empty()) throw UsageError("--reason without --skip");
   if (reason.size() > 1000 || sanitize(reason, 1000) != reason)
     throw UsageError("--reason: at most 1000 printable characters");
-  if (s.properties.size() == names.size()) throw UsageError("--skip: every property is set aside; nothing would be judged");
+  if (s.properties.size() == names.size())
+    throw UsageError("--skip: every property is set aside; nothing would be judged");
   s.reason = reason;
   return s;
 }
@@ -210,7 +212,8 @@ std::string strategy_spec(const std::string& spec) {
     return spec + (has_options ? ",@convention=strategy" : ":@convention=strategy");
   }
   if (spec_kind(spec) != SpecKind::plugin)
-    throw UsageError("--strategy " + sanitize(spec, 200) + ": expected py:MODULE:FUNC[:key=value,...] or a plugin PATH.so");
+    throw UsageError("--strategy " + sanitize(spec, 200) +
+                     ": expected py:MODULE:FUNC[:key=value,...] or a plugin PATH.so");
   return spec;
 }
 
@@ -223,8 +226,10 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   o.max_findings = max_findings;
   o.skipped = skip.properties;
   if (!strategy.empty()) {
-    if (impl_name != "builtin") throw UsageError("--strategy and --impl are exclusive: a strategy chooses its checkpoint");
-    if (!plan_text.empty()) throw UsageError("--strategy and --plan are exclusive: the strategy decides what to checkpoint");
+    if (impl_name != "builtin")
+      throw UsageError("--strategy and --impl are exclusive: a strategy chooses its checkpoint");
+    if (!plan_text.empty())
+      throw UsageError("--strategy and --plan are exclusive: the strategy decides what to checkpoint");
     impl_name = strategy_spec(strategy);
     o.gen.strategy = true;
   }
@@ -240,7 +245,8 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
     }
     if (!only_keys.insert(key).second) throw UsageError("--only " + sanitize(key) + " is given twice");
     if (!strategy.empty() && (w == "tie=head" || w == "segio=multi"))
-      throw UsageError("--only " + sanitize(w) + ": a strategy is gated on Cases whose blocks are whole units "
+      throw UsageError("--only " + sanitize(w) +
+                       ": a strategy is gated on Cases whose blocks are whole units "
                        "(segio=single, tie=none or blocks)");
     o.gen.only += (o.gen.only.empty() ? "" : " ") + w;
   }
@@ -263,7 +269,8 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   }
   o.gen.impl = impl_name;
   if (o.gen.strategy && !make_impl(impl_name)->is_strategy())
-    throw UsageError("--strategy " + sanitize(strategy, 200) + ": the plugin's implementation is not a strategy "
+    throw UsageError("--strategy " + sanitize(strategy, 200) +
+                     ": the plugin's implementation is not a strategy "
                      "(CheckpointImpl::is_strategy)");
   if (const std::string why = unobservable_here(impl_info(impl_name), device); !why.empty())
     throw EnvironmentError(why);
@@ -281,10 +288,14 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   o.budget_s = budget;
   o.progress = true;
   g.apply(o);
-  if (g.shard_index >= cases) throw UsageError("--shard: shard " + std::to_string(g.shard_index + 1) + " of --cases " + std::to_string(cases) + " has no case");
+  if (g.shard_index >= cases)
+    throw UsageError("--shard: shard " + std::to_string(g.shard_index + 1) + " of --cases " + std::to_string(cases) +
+                     " has no case");
 
-  std::cout << "ckverify check: " << (o.gen.strategy ? "strategy=" + strategy : "impl=" + impl_name)
-            << " plan=" << (o.gen.strategy ? "strategy's" : plan_text.empty() ? "any" : plan_text)
+  std::cout << "ckverify check: " << (o.gen.strategy ? "strategy=" + strategy : "impl=" + impl_name) << " plan="
+            << (o.gen.strategy      ? "strategy's"
+                : plan_text.empty() ? "any"
+                                    : plan_text)
             << (o.gen.only.empty() ? "" : " only=\"" + o.gen.only + "\"")
             << (skip.properties.empty() ? "" : " skip=" + fmt::format("{}", fmt::join(skip.properties, ",")))
             << " cases=" << cases << " seed=" << seed << " device=" << device
@@ -402,8 +413,7 @@ int cmd_repro(const std::string& path, const Outputs& out, double case_timeout, 
   check_outputs(out.paths(), {{"the case file", path}});
   Case c = load_case_argument(path);
   check_impl_spec(c.impl);
-  if (const std::string why = unobservable_here(impl_info(c.impl), c.device); !why.empty())
-    throw EnvironmentError(why);
+  if (const std::string why = unobservable_here(impl_info(c.impl), c.device); !why.empty()) throw EnvironmentError(why);
   check_environment(c);
   std::cout << "ckverify repro: " << to_line(c) << std::endl;
   const auto start = std::chrono::steady_clock::now();
@@ -467,8 +477,12 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
       continue;
     }
     if (!plugin.empty() && info.state_fault != StateFault::none) {  // not a checkpoint: the state saver is broken
-      std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", "a resume fault lives in ckverify's state saver, not in a plugin");
-      rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", "resume faults are not plugins"}});
+      std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-",
+                  "a resume fault lives in ckverify's state saver, not in a plugin");
+      rows.push_back({{"fault", info.name},
+                      {"expected", info.killed_by},
+                      {"run", false},
+                      {"why", "resume faults are not plugins"}});
       continue;
     }
     SearchOptions o;
@@ -550,28 +564,29 @@ int cmd_list() {
       std::cout << "  [fault; killed by " << i.killed_by << "; shows with " << i.exposed_by << "]";
     std::cout << "\n      " << i.what << "\n";
   }
-  std::cout << "\nSpecs for other implementations (--impl) and strategies (--strategy):\n"
-               "  PATH.so[:key=value,...]\n"
-               "      a C++ plugin built against <ckverify/plugin.hpp>; a strategy when it overrides is_strategy()\n"
-               "  py:MODULE:CALLABLE[:key=value,...]\n"
-               "      a Python callable; values typed (true/false, none, numbers, JSON [..] {..} \"..\", else strings);\n"
-               "      keys starting with @ are ckverify's:\n"
-               "      @convention=function  CALLABLE(segment, *ARGS, *segment_args, **options) (default)\n"
-               "      @convention=wrapper   CALLABLE(segment, **options) -> module, called as module(*segment_args)\n"
-               "      @convention=strategy  CALLABLE(blocks, x, **options) -> output (what --strategy sets)\n"
-               "      @args=[...]           ARGS: positional arguments between the function and the segment's\n"
-               "      segment: a ckverify.Segment (nn.Module; parameters(), index, step, micro); blocks: a\n"
-               "      ckverify.Blocks (nn.ModuleList of them). An adapter may name its own convention.\n"
-               "      Shipped adapters (python/ckverify/adapters.py):\n"
-               "        py:ckverify.adapters:torch_checkpoint            torch's checkpoint marking its recomputes\n"
-               "        py:ckverify.adapters:selective:ops=[...]         torch's selective activation checkpointing\n"
-               "        py:ckverify.adapters:checkpoint_sequential       torch's checkpoint_sequential (a strategy)\n"
-               "        py:ckverify.adapters:deepspeed[:reentrant=false,cpu_streams=true,CONFIGURE_OPTION=...]\n"
-               "                                                         DeepSpeed's configure() + checkpoint\n"
-               "        py:ckverify.adapters:transformers[:gradient_checkpointing_kwargs={...},offload=true]\n"
-               "                                                         transformers' gradient_checkpointing_enable\n"
-               "      (deepspeed and transformers: ci/setup.sh --frameworks; fairscale's checkpoint_wrapper needs\n"
-               "      no adapter: py:fairscale.nn.checkpoint:checkpoint_wrapper:@convention=wrapper)\n";
+  std::cout
+      << "\nSpecs for other implementations (--impl) and strategies (--strategy):\n"
+         "  PATH.so[:key=value,...]\n"
+         "      a C++ plugin built against <ckverify/plugin.hpp>; a strategy when it overrides is_strategy()\n"
+         "  py:MODULE:CALLABLE[:key=value,...]\n"
+         "      a Python callable; values typed (true/false, none, numbers, JSON [..] {..} \"..\", else strings);\n"
+         "      keys starting with @ are ckverify's:\n"
+         "      @convention=function  CALLABLE(segment, *ARGS, *segment_args, **options) (default)\n"
+         "      @convention=wrapper   CALLABLE(segment, **options) -> module, called as module(*segment_args)\n"
+         "      @convention=strategy  CALLABLE(blocks, x, **options) -> output (what --strategy sets)\n"
+         "      @args=[...]           ARGS: positional arguments between the function and the segment's\n"
+         "      segment: a ckverify.Segment (nn.Module; parameters(), index, step, micro); blocks: a\n"
+         "      ckverify.Blocks (nn.ModuleList of them). An adapter may name its own convention.\n"
+         "      Shipped adapters (python/ckverify/adapters.py):\n"
+         "        py:ckverify.adapters:torch_checkpoint            torch's checkpoint marking its recomputes\n"
+         "        py:ckverify.adapters:selective:ops=[...]         torch's selective activation checkpointing\n"
+         "        py:ckverify.adapters:checkpoint_sequential       torch's checkpoint_sequential (a strategy)\n"
+         "        py:ckverify.adapters:deepspeed[:reentrant=false,cpu_streams=true,CONFIGURE_OPTION=...]\n"
+         "                                                         DeepSpeed's configure() + checkpoint\n"
+         "        py:ckverify.adapters:transformers[:gradient_checkpointing_kwargs={...},offload=true]\n"
+         "                                                         transformers' gradient_checkpointing_enable\n"
+         "      (deepspeed and transformers: ci/setup.sh --frameworks; fairscale's checkpoint_wrapper needs\n"
+         "      no adapter: py:fairscale.nn.checkpoint:checkpoint_wrapper:@convention=wrapper)\n";
   std::cout << "\nCase fields (line form key=value; JSON uses the same keys):\n";
   for (const auto& f : case_field_infos())
     std::cout << "  " << f.key << "=" << f.values << "\n      " << f.help << "\n";
@@ -725,10 +740,11 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
   for (const auto& sk : skipped) std::cout << "skipped " << sk << "\n";
   std::cout << fmt::format("noise floor: the non-checkpointed run at {} vs {} intra-op thread(s)\n\n", threads_a,
                            threads_b);
-  std::cout << fmt::format("design floor: the drift of ckverify's reference reentrant checkpoints (from the inputs, "
-                           "and from detached leaves as torch's use_reentrant=True); allowed: the larger of the noise "
-                           "floor and {} x the design floor\n",
-                           kAmpDesignFactor);
+  std::cout << fmt::format(
+      "design floor: the drift of ckverify's reference reentrant checkpoints (from the inputs, "
+      "and from detached leaves as torch's use_reentrant=True); allowed: the larger of the noise "
+      "floor and {} x the design floor\n",
+      kAmpDesignFactor);
   for (const auto& n : design_notes) std::cout << sanitize(n, 400) << "\n";
   std::cout << "\n"
             << fmt::format("{:<6} {:<8} {:<8} {:>14} {:>14} {:>12} {:>12} {:>12} {:>12} {:>13}\n", "prec", "ckpt",
@@ -749,12 +765,18 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
   for (const auto& [k, v] : loss_error) std::cout << fmt::format("  {} {:.3e}", k, v);
   std::cout << "\n";
   if (!json_path.empty()) {
-    json j{{"tool", "ckverify"}, {"command", "audit-amp"},
-           {"impl", impl},       {"plan", plan_name},
-           {"device", device},   {"cases", todo.size()},
-           {"seed", seed},       {"noise_floor_threads", {threads_a, threads_b}},
-           {"skipped", skipped}, {"exceeded", exceeded},
-           {"failed", failed},   {"loss_error", loss_error},
+    json j{{"tool", "ckverify"},
+           {"command", "audit-amp"},
+           {"impl", impl},
+           {"plan", plan_name},
+           {"device", device},
+           {"cases", todo.size()},
+           {"seed", seed},
+           {"noise_floor_threads", {threads_a, threads_b}},
+           {"skipped", skipped},
+           {"exceeded", exceeded},
+           {"failed", failed},
+           {"loss_error", loss_error},
            {"design_notes", std::vector<std::string>(design_notes.begin(), design_notes.end())}};
     if (todo.size() == 1) j["case"] = case_line;
     json jr = json::array();
@@ -805,9 +827,9 @@ int64_t parse_bytes(const std::string& text) {
   }
   std::string unit = text.substr(used);
   for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  const std::map<std::string, double> units = {{"", 1.0},   {"B", 1.0},      {"K", 0x1p10}, {"KB", 0x1p10},
-                                               {"KIB", 0x1p10}, {"M", 0x1p20}, {"MB", 0x1p20}, {"MIB", 0x1p20},
-                                               {"G", 0x1p30}, {"GB", 0x1p30}, {"GIB", 0x1p30}};
+  const std::map<std::string, double> units = {{"", 1.0},       {"B", 1.0},     {"K", 0x1p10},  {"KB", 0x1p10},
+                                               {"KIB", 0x1p10}, {"M", 0x1p20},  {"MB", 0x1p20}, {"MIB", 0x1p20},
+                                               {"G", 0x1p30},   {"GB", 0x1p30}, {"GIB", 0x1p30}};
   const auto u = units.find(unit);
   if (used == 0 || u == units.end() || !std::isfinite(v) || v <= 0 || v * u->second > 0x1p50)
     throw UsageError("--memory-budget \"" + sanitize(text) + "\" is not a size such as 512M or 2G (at most 1 PiB)");
@@ -847,7 +869,8 @@ std::vector<std::string> split_impl_list(const std::string& text) {
   }
   out.push_back(text.substr(start));
   for (const auto& spec : out)
-    if (spec.empty()) throw UsageError("--impl \"" + sanitize(text, 200) + "\" has an empty implementation in its list");
+    if (spec.empty())
+      throw UsageError("--impl \"" + sanitize(text, 200) + "\" has an empty implementation in its list");
   return out;
 }
 
@@ -869,7 +892,8 @@ std::string bench_verdict(const std::string& impl, const std::optional<Plan>& pl
     std::string detail;
     for (const Finding& f : s.findings)
       if (f.property == s.property && f.failed()) detail = f.where + ": " + f.detail;
-    if (detail_out) *detail_out = to_line(s.failing_case) + (detail.empty() ? "" : "\n    " + detail.substr(0, detail.find('\n')));
+    if (detail_out)
+      *detail_out = to_line(s.failing_case) + (detail.empty() ? "" : "\n    " + detail.substr(0, detail.find('\n')));
     return "FAILED " + s.property;
   }
   return fmt::format("held ({}{})", s.ran, s.budget_hit ? ", budget" : "");
@@ -878,7 +902,8 @@ std::string bench_verdict(const std::string& impl, const std::optional<Plan>& pl
 // Per-plan cost of one Case (verifier/run/bench.hpp): memory, time, overhead, tokens/s, loss curves.
 int cmd_bench(BenchArgs a) {
   if (!a.case_path.empty() && !a.preset.empty()) throw UsageError("give a Case file or --preset, not both");
-  if (!a.preset.empty() && a.preset != "seed-lab") throw UsageError("--preset \"" + sanitize(a.preset) + "\": known presets: seed-lab");
+  if (!a.preset.empty() && a.preset != "seed-lab")
+    throw UsageError("--preset \"" + sanitize(a.preset) + "\": known presets: seed-lab");
   if (a.warmup < 0 || a.warmup > 100) throw UsageError("--warmup must be in [0, 100]");
   // warmup + max_repeats steps stay within a Case's 1000.
   if (a.repeats < 1 || a.repeats > 500) throw UsageError("--repeats must be in [1, 500]");
@@ -1010,7 +1035,8 @@ int cmd_bench(BenchArgs a) {
     for (PlanBench& p : r.plans) {
       if (p.plan == "none") continue;
       o.progress("verifying " + p.plan + (p.impl.empty() ? "" : " (" + p.impl + ")"));
-      const auto st = std::find_if(strategies.begin(), strategies.end(), [&](const auto& e) { return e.first == p.plan; });
+      const auto st =
+          std::find_if(strategies.begin(), strategies.end(), [&](const auto& e) { return e.first == p.plan; });
       p.verified = p.impl.empty() && st != strategies.end()
                        ? bench_verdict(st->second, std::nullopt, true, a.verify_cases, only, &p.verified_detail)
                        : bench_verdict(p.impl, parsed_plan(p.plan), false, a.verify_cases, only, &p.verified_detail);
@@ -1029,8 +1055,11 @@ int cmd_bench(BenchArgs a) {
   }
   if (tty) std::cerr << "\r\033[K" << std::flush;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << fmt::format("ckverify bench: impl={} device={} threads={} warmup={} repeats={}..{} target=+-{:.1f}% ({:.0f} s)\ncase: {}\n",
-                           impl_text, a.device, threads, a.warmup, a.repeats, a.max_repeats, 100.0 * a.target, secs, r.case_line)
+  std::cout << fmt::format(
+                   "ckverify bench: impl={} device={} threads={} warmup={} repeats={}..{} target=+-{:.1f}% ({:.0f} "
+                   "s)\ncase: {}\n",
+                   impl_text, a.device, threads, a.warmup, a.repeats, a.max_repeats, 100.0 * a.target, secs,
+                   r.case_line)
             << bench_table(r);
   if (amp)
     std::cout << fmt::format("\nAMP audit (plan {}): {}\n", amp->plan,
@@ -1083,9 +1112,10 @@ int main(int argc, char** argv) {
 
   auto* check = app.add_subcommand("check", "Run the properties (" + property_list() +
                                                 ") over generated Cases; shrink any failure to a minimal Case.");
-  check->add_option("--impl", impl,
-                    "Implementation under test: builtin, a fault name (see `ckverify list`), a C++ plugin "
-                    "PATH.so[:key=value,...] or a Python function py:MODULE:CALLABLE[:key=value,...]")
+  check
+      ->add_option("--impl", impl,
+                   "Implementation under test: builtin, a fault name (see `ckverify list`), a C++ plugin "
+                   "PATH.so[:key=value,...] or a Python function py:MODULE:CALLABLE[:key=value,...]")
       ->capture_default_str();
   check->add_option("--plan", plan,
                     std::string("Checkpoint plan for every case (") + kPlanSpellings + "); default: generated");
@@ -1115,16 +1145,18 @@ int main(int argc, char** argv) {
                     "is a strategy; every property judges the effective plan it produced");
   std::vector<std::string> skip_names;
   std::string skip_reason;
-  check->add_option("--skip", skip_names,
-                    "PROPERTY: set a property aside (repeatable or a comma list; needs --reason). It still runs but "
-                    "never fails the run or counts as held; every report lists it as skipped, with the reason and "
-                    "the cases on which it would have failed")
+  check
+      ->add_option("--skip", skip_names,
+                   "PROPERTY: set a property aside (repeatable or a comma list; needs --reason). It still runs but "
+                   "never fails the run or counts as held; every report lists it as skipped, with the reason and "
+                   "the cases on which it would have failed")
       ->allow_extra_args(false);
   int max_findings = 1;
-  check->add_option("--max-findings", max_findings,
-                    "After a failure, set its property aside and go on, until this many properties have failed, "
-                    "each with its own shrunk Case and repro (the first written to --repro-file, each further one "
-                    "beside it as FILE.PROPERTY.json); the exit code is 1 if any failed")
+  check
+      ->add_option("--max-findings", max_findings,
+                   "After a failure, set its property aside and go on, until this many properties have failed, "
+                   "each with its own shrunk Case and repro (the first written to --repro-file, each further one "
+                   "beside it as FILE.PROPERTY.json); the exit code is 1 if any failed")
       ->capture_default_str();
   int min_cases = 0;
   check->add_option("--min-cases", min_cases,
@@ -1134,12 +1166,14 @@ int main(int argc, char** argv) {
   check->add_option("--only", only,
                     "KEY=VALUE: every generated case takes this Case field as given (repeatable; e.g. --only fx=none "
                     "to gate an implementation that does not follow the recompute contract of segment_scope.hpp)");
-  check->add_option("-j,--jobs", jobs,
-                    "Worker processes running the implementation (the verdict is the same for any number); "
-                    "default: the machine's cores")
+  check
+      ->add_option("-j,--jobs", jobs,
+                   "Worker processes running the implementation (the verdict is the same for any number); "
+                   "default: the machine's cores")
       ->capture_default_str();
-  check->add_option("--case-timeout", case_timeout,
-                    "Seconds one case may take in a worker before it counts as a hang (a completes failure)")
+  check
+      ->add_option("--case-timeout", case_timeout,
+                   "Seconds one case may take in a worker before it counts as a hang (a completes failure)")
       ->capture_default_str();
   check->add_option("--shard", shard,
                     "K/N: run only the cases i with i % N == K-1 (N machines, disjoint cases); `ckverify merge` "
@@ -1152,7 +1186,8 @@ int main(int argc, char** argv) {
   repro->add_option("--markdown", outs.markdown, "Write the report as Markdown to this file");
   repro->add_option("--case-timeout", case_timeout, "Seconds the case may take before it counts as a hang")
       ->capture_default_str();
-  repro->add_option("--skip", skip_names, "PROPERTY: set aside, as for check (needs --reason)")->allow_extra_args(false);
+  repro->add_option("--skip", skip_names, "PROPERTY: set aside, as for check (needs --reason)")
+      ->allow_extra_args(false);
   repro->add_option("--reason", skip_reason, "Why the --skip properties are set aside");
 
   auto* faults = app.add_subcommand(
@@ -1231,17 +1266,24 @@ int main(int argc, char** argv) {
       "memory budget, and a Markdown report with plots.");
   BenchArgs ba;
   bench->add_option("case", ba.case_path, "Case JSON file (or --preset)");
-  bench->add_option("--preset", ba.preset, "seed-lab: seed 001's 20-layer lab and its 14 plans (D=256 on CPU, the seed's D=2048, B=2, S=2048 on CUDA)");
-  bench->add_option("--plans", ba.plans, std::string("Comma list of plans (") + kPlanSpellings + "); none is always included");
-  bench->add_option("--impl", ba.impls,
-                    "Implementations doing the checkpointing, side by side (a comma list, or repeated; default builtin): "
-                    "every plan runs with each, and each is compared with the first")
+  bench->add_option(
+      "--preset", ba.preset,
+      "seed-lab: seed 001's 20-layer lab and its 14 plans (D=256 on CPU, the seed's D=2048, B=2, S=2048 on CUDA)");
+  bench->add_option("--plans", ba.plans,
+                    std::string("Comma list of plans (") + kPlanSpellings + "); none is always included");
+  bench
+      ->add_option(
+          "--impl", ba.impls,
+          "Implementations doing the checkpointing, side by side (a comma list, or repeated; default builtin): "
+          "every plan runs with each, and each is compared with the first")
       ->allow_extra_args(false);
-  bench->add_option("--strategy", ba.strategies,
-                    "A checkpointing strategy to measure beside the plans (repeatable; as for check --strategy)")
+  bench
+      ->add_option("--strategy", ba.strategies,
+                   "A checkpointing strategy to measure beside the plans (repeatable; as for check --strategy)")
       ->allow_extra_args(false);
-  bench->add_option("--verify-cases", ba.verify_cases,
-                    "Generated Cases the gate runs on every plan and strategy for the verified column (0: none)")
+  bench
+      ->add_option("--verify-cases", ba.verify_cases,
+                   "Generated Cases the gate runs on every plan and strategy for the verified column (0: none)")
       ->capture_default_str();
   bench->add_option("--only", ba.only, "KEY=VALUE: a Case field the verification fixes (repeatable, as for check)")
       ->allow_extra_args(false);
@@ -1253,15 +1295,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_option("--time-cap", ba.time_cap, "Seconds of timed rounds after which no new round starts")
       ->capture_default_str();
-  bench->add_option("--target", ba.target,
-                    "Relative half-width every 95% interval of a time ratio should reach (0.02: +-2%)")
+  bench
+      ->add_option("--target", ba.target,
+                   "Relative half-width every 95% interval of a time ratio should reach (0.02: +-2%)")
       ->capture_default_str();
   bench->add_option("--threads", ba.threads, "Intra-op threads (default: the machine's cores)");
   bench->add_option("--memory-budget", ba.budget, "Find each plan's largest batch within this peak (e.g. 512M, 2G)");
-  bench->add_flag("--growth", ba.growth, "Also measure activation peak against depth (L = 4, 9, 16, 25, 36) for none and sqrt");
+  bench->add_flag("--growth", ba.growth,
+                  "Also measure activation peak against depth (L = 4, 9, 16, 25, 36) for none and sqrt");
   bench->add_flag("--amp", ba.amp, "Also run the AMP drift audit on the Case (into the report)");
   bench->add_option("--json", ba.json_path, "Write the results as JSON to this file");
-  bench->add_option("--out", ba.out_dir, "Write report.md, plots (PNG, through gnuplot), CSV and JSON into this directory");
+  bench->add_option("--out", ba.out_dir,
+                    "Write report.md, plots (PNG, through gnuplot), CSV and JSON into this directory");
 
   try {
     app.parse(argc, argv);
@@ -1304,8 +1349,9 @@ int main(int argc, char** argv) {
     }
     if (*worker) return worker_main(worker_impl, worker_threads);
     if (*check)
-      return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device, gate_options(jobs, case_timeout, shard),
-                       only, strategy, parse_skip(skip_names, skip_reason), min_cases, max_findings);
+      return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device,
+                       gate_options(jobs, case_timeout, shard), only, strategy, parse_skip(skip_names, skip_reason),
+                       min_cases, max_findings);
     if (*repro)
       return cmd_repro(case_path, outs, gate_options(1, case_timeout, "").case_timeout_s,
                        parse_skip(skip_names, skip_reason));

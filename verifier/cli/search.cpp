@@ -58,8 +58,10 @@ std::string outcome_code(const std::vector<Finding>& fs, const std::set<std::str
     char c = '-';
     for (const auto& f : fs)
       if (f.property == name) {
-        if (skipped.count(name)) c = f.failed() ? 'X' : 'S';
-        else c = !f.applicable ? 'N' : f.held ? 'H' : 'F';
+        if (skipped.count(name))
+          c = f.failed() ? 'X' : 'S';
+        else
+          c = !f.applicable ? 'N' : f.held ? 'H' : 'F';
       }
     code += c;
   }
@@ -69,7 +71,8 @@ std::string outcome_code(const std::vector<Finding>& fs, const std::set<std::str
 SearchResult search(const SearchOptions& o) {
   SearchResult s;
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(o.budget_s, 1e8)));
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(o.budget_s, 1e8)));
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   const int shard_n = std::max(1, o.shard_count);
   const int total = o.shard_index < o.cases ? (o.cases - o.shard_index + shard_n - 1) / shard_n : 0;
@@ -81,8 +84,10 @@ SearchResult search(const SearchOptions& o) {
     if (pool) return pool->run(cs, deadline);
     std::vector<std::optional<std::vector<Finding>>> r;
     for (const Case& c : cs) {
-      if (Clock::now() >= deadline) r.emplace_back();
-      else r.emplace_back(run_checks(c));
+      if (Clock::now() >= deadline)
+        r.emplace_back();
+      else
+        r.emplace_back(run_checks(c));
     }
     return r;
   };

@@ -35,7 +35,7 @@ struct SearchOptions {
   // check --max-findings: after a failure, set its property aside and go on searching, until this many
   // properties have failed (each with its own shrunk Case) or the cases or the budget run out.
   int max_findings = 1;
-  int jobs = 0;  // worker processes; 0 runs the implementation in this process (tests)
+  int jobs = 0;     // worker processes; 0 runs the implementation in this process (tests)
   int threads = 1;  // LibTorch intra-op threads per worker
   double case_timeout_s = 120.0;
   int shard_index = 0, shard_count = 1;

@@ -72,7 +72,8 @@ std::string self_exe() {
 std::string findings_to_line(const std::vector<Finding>& fs) {
   json a = json::array();
   for (const auto& f : fs)
-    a.push_back({{"p", f.property}, {"h", f.held}, {"a", f.applicable}, {"w", f.where}, {"d", f.detail}, {"s", f.step}});
+    a.push_back(
+        {{"p", f.property}, {"h", f.held}, {"a", f.applicable}, {"w", f.where}, {"d", f.detail}, {"s", f.step}});
   return json{{"findings", a}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -212,8 +213,8 @@ void WorkerPool::start(Worker& w) {
     pollfd p{w.from, POLLIN, 0};
     if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) == 0) {
       stop(w);
-      throw UsageError(fmt::format("{}: loading the implementation took longer than {:g} s",
-                                   sanitize(o_.impl, 200), std::max(60.0, o_.case_timeout_s)));
+      throw UsageError(fmt::format("{}: loading the implementation took longer than {:g} s", sanitize(o_.impl, 200),
+                                   std::max(60.0, o_.case_timeout_s)));
     }
     if (!read_some(w.from, w.buffer)) {
       int status = 0;

@@ -26,8 +26,10 @@ size_t top_level_comma(const std::string& text, size_t from, bool* closed) {
   for (size_t i = from; i < text.size(); ++i) {
     const char ch = text[i];
     if (quoted) {
-      if (ch == '\\') ++i;
-      else if (ch == '"') quoted = false;
+      if (ch == '\\')
+        ++i;
+      else if (ch == '"')
+        quoted = false;
     } else if (ch == '"') {
       quoted = true;
     } else if (ch == '[' || ch == '{') {
@@ -65,7 +67,9 @@ ImplSpec parse_spec(const std::string& spec) {
     if (!json_values) return std::min(rest.find(',', from), rest.size());
     bool closed = true;
     const size_t comma = top_level_comma(rest, from, &closed);
-    if (!closed) throw std::invalid_argument("--impl " + sanitize(spec, 200) + ": an option value has an unclosed quote or bracket");
+    if (!closed)
+      throw std::invalid_argument("--impl " + sanitize(spec, 200) +
+                                  ": an option value has an unclosed quote or bracket");
     return comma;
   };
   size_t pos = 0;
@@ -136,9 +140,11 @@ std::unique_ptr<CheckpointImpl> load_plugin(const std::string& spec) {
   try {
     impl = create(s.options);
   } catch (const std::exception& e) {
-    throw std::invalid_argument("plugin " + sanitize(s.target, 200) + " refused its options: " + sanitize(e.what(), 200));
+    throw std::invalid_argument("plugin " + sanitize(s.target, 200) +
+                                " refused its options: " + sanitize(e.what(), 200));
   }
-  if (!impl) throw std::invalid_argument("plugin " + sanitize(s.target, 200) + ": its factory returned no implementation");
+  if (!impl)
+    throw std::invalid_argument("plugin " + sanitize(s.target, 200) + ": its factory returned no implementation");
   return std::unique_ptr<CheckpointImpl>(impl);
 }
 

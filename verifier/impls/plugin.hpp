@@ -55,12 +55,12 @@ struct ckverify_plugin_stamp {
 // Defines the plugin's two entry points: its stamp and its factory `make` (a callable taking
 // const ckv::PluginOptions& and returning a new ckv::CheckpointImpl*; it may throw
 // std::invalid_argument for an option it does not accept, which ckverify reports as bad usage).
-#define CKVERIFY_PLUGIN(make)                                                                          \
-  CKVERIFY_PLUGIN_EXPORT const ckverify_plugin_stamp* ckverify_plugin_stamp_v1() {                    \
-    static const ckverify_plugin_stamp stamp{::ckv::kImplInterfaceVersion, TORCH_VERSION_MAJOR,       \
-                                             TORCH_VERSION_MINOR, _GLIBCXX_USE_CXX11_ABI};             \
-    return &stamp;                                                                                     \
-  }                                                                                                    \
-  CKVERIFY_PLUGIN_EXPORT ::ckv::CheckpointImpl* ckverify_plugin_create(const ::ckv::PluginOptions& options) { \
-    return (make)(options);                                                                            \
+#define CKVERIFY_PLUGIN(make)                                                                                        \
+  CKVERIFY_PLUGIN_EXPORT const ckverify_plugin_stamp* ckverify_plugin_stamp_v1() {                                   \
+    static const ckverify_plugin_stamp stamp{::ckv::kImplInterfaceVersion, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, \
+                                             _GLIBCXX_USE_CXX11_ABI};                                                \
+    return &stamp;                                                                                                   \
+  }                                                                                                                  \
+  CKVERIFY_PLUGIN_EXPORT ::ckv::CheckpointImpl* ckverify_plugin_create(const ::ckv::PluginOptions& options) {        \
+    return (make)(options);                                                                                          \
   }

@@ -7,11 +7,14 @@
 
 namespace ckv {
 
-bool python_bridge_available() { return false; }
+bool python_bridge_available() {
+  return false;
+}
 
 std::unique_ptr<CheckpointImpl> load_python(const std::string& spec) {
-  throw std::invalid_argument("--impl " + sanitize(spec, 200) +
-                              ": this build has no Python bridge (only the primary build, on the torch wheel, has one)");
+  throw std::invalid_argument(
+      "--impl " + sanitize(spec, 200) +
+      ": this build has no Python bridge (only the primary build, on the torch wheel, has one)");
 }
 
 }  // namespace ckv

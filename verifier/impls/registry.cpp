@@ -18,8 +18,9 @@ namespace ckv {
 
 const std::vector<ImplEntry>& known_impls() {
   static const std::vector<ImplEntry> v = [] {
-    std::vector<ImplEntry> all = {{{"builtin", "ckverify's own checkpoint (verifier/checkpoint/checkpoint.hpp)", "", ""},
-                                   [] { return make_builtin(); }}};
+    std::vector<ImplEntry> all = {
+        {{"builtin", "ckverify's own checkpoint (verifier/checkpoint/checkpoint.hpp)", "", ""},
+         [] { return make_builtin(); }}};
     for (const auto& f : faults::catalogue()) all.push_back(f);
     return all;
   }();
@@ -64,15 +65,17 @@ void check_impl_spec(const std::string& spec) {
     case SpecKind::plugin: {
       const std::string path = parse_spec(spec).target;
       struct stat st {};
-      if (::stat(path.c_str(), &st) != 0) throw std::invalid_argument("plugin " + sanitize(path, 200) + ": no such file");
+      if (::stat(path.c_str(), &st) != 0)
+        throw std::invalid_argument("plugin " + sanitize(path, 200) + ": no such file");
       if (!S_ISREG(st.st_mode)) throw std::invalid_argument("plugin " + sanitize(path, 200) + ": not a regular file");
       return;
     }
     case SpecKind::python:
       parse_spec(spec);
       if (!python_bridge_available())
-        throw EnvironmentError("--impl " + sanitize(spec, 200) +
-                                    ": this build has no Python bridge (only the primary build, on the torch wheel, has one)");
+        throw EnvironmentError(
+            "--impl " + sanitize(spec, 200) +
+            ": this build has no Python bridge (only the primary build, on the torch wheel, has one)");
       return;
   }
 }
@@ -86,8 +89,9 @@ std::unique_ptr<CheckpointImpl> make_impl(const std::string& name) {
     if (!e.info.killed_by.empty() && names.size() > 60) continue;
     names += (names.empty() ? "" : "|") + e.info.name;
   }
-  throw std::invalid_argument("unknown implementation \"" + sanitize(name) + "\" (known: " + names +
-                              "|...; see `ckverify list`; or a plugin PATH.so[:k=v,...], or py:MODULE:CALLABLE[:k=v,...])");
+  throw std::invalid_argument(
+      "unknown implementation \"" + sanitize(name) + "\" (known: " + names +
+      "|...; see `ckverify list`; or a plugin PATH.so[:k=v,...], or py:MODULE:CALLABLE[:k=v,...])");
 }
 
 }  // namespace ckv

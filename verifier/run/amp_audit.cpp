@@ -104,7 +104,8 @@ AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
     }
 #if !CKV_TORCH_AT_LEAST(2, 0)
     if (p == Precision::bf16 && c.device == "cpu" && c.model.tie == Tie::head) {
-      a.skipped.push_back(name + ": a tied head in bf16 on cpu needs LibTorch >= 2.0 (this build has " TORCH_VERSION ")");
+      a.skipped.push_back(name + ": a tied head in bf16 on cpu needs LibTorch >= 2.0 (this build has " TORCH_VERSION
+                                 ")");
       continue;
     }
 #endif
@@ -169,9 +170,10 @@ AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
       r.allowed = amp_drift_allowance(r.floor, r.design);
       a.rows.push_back(r);
       if (!(r.drift <= r.allowed))
-        a.exceeded.push_back(fmt::format("{} {}: checkpoint drift {:.3e} > allowed {:.3e} (noise floor {:.3e}, design "
-                                         "floor {:.3e})",
-                                         name, group, r.drift, r.allowed, r.floor, r.design));
+        a.exceeded.push_back(
+            fmt::format("{} {}: checkpoint drift {:.3e} > allowed {:.3e} (noise floor {:.3e}, design "
+                        "floor {:.3e})",
+                        name, group, r.drift, r.allowed, r.floor, r.design));
     }
     const double l64n = loss_of(ref_none.losses), l64c = loss_of(ref_ckpt.losses);
     a.loss_error.emplace_back(name + "/none", std::abs(loss_of(none.steps[0].losses) - l64n) / std::abs(l64n));

@@ -40,7 +40,7 @@ struct AmpAudit {
   std::string case_line, plan;
   int threads_a = 1, threads_b = 2;  // the two thread counts of the noise floor
   std::vector<std::string> precisions;
-  std::vector<std::string> skipped;  // "fp16: why"
+  std::vector<std::string> skipped;       // "fp16: why"
   std::vector<std::string> design_notes;  // why a design floor was not measured, per precision
   std::vector<AmpRow> rows;
   std::vector<std::pair<std::string, double>>

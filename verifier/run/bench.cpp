@@ -105,7 +105,9 @@ Measured measure(const Case& c, CheckpointImpl* impl, int warmup) {
   return reduce(c, train(c, impl, opt), warmup, c.steps);
 }
 
-double step_time(const StepTime& t) { return t.forward + t.backward + t.optimizer; }
+double step_time(const StepTime& t) {
+  return t.forward + t.backward + t.optimizer;
+}
 
 // Per-round ratios a[k] / b[k] over the timed rounds both have.
 std::vector<double> paired_ratios(const std::vector<double>& a, const std::vector<double>& b) {
@@ -122,11 +124,9 @@ bool tight(const Interval& ci, double centre, double target) {
 // Trains every Case of `cases` (one per row) step by step in turn, rotating the order every round so
 // that no row always runs right after the same one, and reduces each record. Rounds past
 // `o.repeats` timed ones go on while any interval `wide` names is wider than the target.
-std::vector<Measured> measure_interleaved(const std::vector<Case>& cases,
-                                          const std::vector<std::unique_ptr<CheckpointImpl>>& impls,
-                                          const BenchOptions& o,
-                                          const std::function<bool(const std::vector<std::vector<double>>&)>& tight_enough,
-                                          BenchResult& out) {
+std::vector<Measured> measure_interleaved(
+    const std::vector<Case>& cases, const std::vector<std::unique_ptr<CheckpointImpl>>& impls, const BenchOptions& o,
+    const std::function<bool(const std::vector<std::vector<double>>&)>& tight_enough, BenchResult& out) {
   release_free_memory();
   MemoryReporting reporting;
   std::vector<std::unique_ptr<TrainingRun>> runs;
@@ -174,13 +174,15 @@ std::vector<Measured> measure_interleaved(const std::vector<Case>& cases,
       break;
     }
     if (timed >= o.max_repeats) {
-      out.stopped = fmt::format("{} timed rounds (the most allowed) with an interval still wider than +-{:.1f}%",
-                                timed, 100.0 * o.target);
+      out.stopped = fmt::format("{} timed rounds (the most allowed) with an interval still wider than +-{:.1f}%", timed,
+                                100.0 * o.target);
       break;
     }
     if (std::chrono::duration<double>(clock::now() - timed_start).count() > o.time_cap_s) {
-      out.stopped = fmt::format("the time cap ({:.0f} s of timed rounds) after {} rounds, an interval still wider "
-                                "than +-{:.1f}%", o.time_cap_s, timed, 100.0 * o.target);
+      out.stopped = fmt::format(
+          "the time cap ({:.0f} s of timed rounds) after {} rounds, an interval still wider "
+          "than +-{:.1f}%",
+          o.time_cap_s, timed, 100.0 * o.target);
       break;
     }
   }
@@ -253,8 +255,8 @@ Case seed_lab_case(const std::string& device) {
 
 std::vector<Plan> seed_lab_plans() {
   std::vector<Plan> out;
-  for (const char* s : {"none", "every1", "every2", "every4", "every8", "seg1", "seg2", "seg4", "seg10", "seg20", "from0",
-                        "from5", "from10", "from15"})
+  for (const char* s : {"none", "every1", "every2", "every4", "every8", "seg1", "seg2", "seg4", "seg10", "seg20",
+                        "from0", "from5", "from10", "from15"})
     out.push_back(plan_of(s));
   return out;
 }
@@ -336,14 +338,15 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
   // the strategies; all trained step by step in turn.
   struct Row {
     Plan plan;
-    int impl = -1;       // index into bench_impls; -1: none or a strategy
-    int strategy = -1;   // index into o.strategies
+    int impl = -1;      // index into bench_impls; -1: none or a strategy
+    int strategy = -1;  // index into o.strategies
   };
   std::vector<Row> rows = {Row{}};
   for (const Plan& p : plans)
     if (p != Plan{})
       for (size_t k = 0; k < bench_impls.size(); ++k) rows.push_back({p, static_cast<int>(k), -1});
-  for (size_t k = 0; k < o.strategies.size(); ++k) rows.push_back({Plan{PlanKind::every_block, 0}, -1, static_cast<int>(k)});
+  for (size_t k = 0; k < o.strategies.size(); ++k)
+    rows.push_back({Plan{PlanKind::every_block, 0}, -1, static_cast<int>(k)});
   std::vector<Case> cases;
   std::vector<std::unique_ptr<CheckpointImpl>> impls;
   for (const Row& row : rows) {
@@ -351,7 +354,8 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
     k.plan = row.plan;
     cases.push_back(k);
     impls.push_back(row.strategy >= 0 ? o.strategies[row.strategy].make()
-                                      : row.impl >= 0 ? bench_impls[row.impl].make() : nullptr);
+                    : row.impl >= 0   ? bench_impls[row.impl].make()
+                                      : nullptr);
   }
   // Pairs whose ratio is judged: every row against none, every implementation against the first.
   std::vector<std::pair<size_t, size_t>> pairs;
@@ -380,7 +384,8 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
   base.steps = o.warmup + out.rounds;  // the steps every row trained
   out.case_line = to_line(base);
   const Measured& none = measured.front();
-  if (!none.bench.completed) throw std::runtime_error("bench: the run without checkpointing failed: " + none.bench.error);
+  if (!none.bench.completed)
+    throw std::runtime_error("bench: the run without checkpointing failed: " + none.bench.error);
   auto compare_with_none = [&](PlanBench& b) {
     b.saving = none.bench.total_peak > 0
                    ? 1.0 - static_cast<double>(b.total_peak) / static_cast<double>(none.bench.total_peak)
@@ -393,7 +398,8 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
       const double ref = none.bench.losses[s];
       b.loss_divergence = std::max(b.loss_divergence, std::abs(b.losses[s] - ref) / std::max(std::abs(ref), 1e-12));
     }
-    if (!(b.loss_divergence <= kLossTolerance)) out.diverged.push_back(b.impl.empty() ? b.plan : b.plan + " (" + b.impl + ")");
+    if (!(b.loss_divergence <= kLossTolerance))
+      out.diverged.push_back(b.impl.empty() ? b.plan : b.plan + " (" + b.impl + ")");
   };
   for (size_t r = 0; r < rows.size(); ++r) {
     const Row& row = rows[r];
@@ -418,7 +424,8 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
       if (o.memory_budget > 0) {
         say(fmt::format("memory budget: {}{}", b.plan, b.impl.empty() ? "" : " (" + b.impl + ")"));
         auto impl = row.strategy >= 0 ? o.strategies[row.strategy].make()
-                                      : row.impl >= 0 ? bench_impls[row.impl].make() : nullptr;
+                    : row.impl >= 0   ? bench_impls[row.impl].make()
+                                      : nullptr;
         Case k = cases[r];
         k.steps = o.warmup + o.repeats;
         budget_search(k, impl.get(), o.memory_budget, o, b);
@@ -471,7 +478,8 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
         Measured m = measure(k, impl.get(), 0);
         if (!m.bench.completed) {
           if (k.plan == Plan{})
-            throw std::runtime_error(fmt::format("bench growth: L={} without checkpointing failed: {}", layers, m.bench.error));
+            throw std::runtime_error(
+                fmt::format("bench growth: L={} without checkpointing failed: {}", layers, m.bench.error));
           out.growth_failed = fmt::format("L={} plan {}: {}", layers, plan, m.bench.error);
           stop = true;
           break;

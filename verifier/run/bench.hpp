@@ -79,15 +79,15 @@ struct PlanBench {
   double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;  // medians
   double tokens_per_s = 0.0;
   std::vector<double> step_times;  // per timed round, seconds
-  double overhead = 0.0;        // median over the rounds of step / step(none), minus 1
-  Interval overhead_ci;         // its 95% interval (minus 1 too)
-  double overhead_bound = -1;   // -1: not computable for this plan (units differ from none's)
-  std::vector<double> losses;   // per step (summed over micro-batches)
-  double loss_divergence = 0.0;  // max over steps |loss - loss(none)| / max(|loss(none)|, 1e-12)
-  int budget_batch = 0;          // largest batch within the budget (0: none fits, or no budget)
+  double overhead = 0.0;           // median over the rounds of step / step(none), minus 1
+  Interval overhead_ci;            // its 95% interval (minus 1 too)
+  double overhead_bound = -1;      // -1: not computable for this plan (units differ from none's)
+  std::vector<double> losses;      // per step (summed over micro-batches)
+  double loss_divergence = 0.0;    // max over steps |loss - loss(none)| / max(|loss(none)|, 1e-12)
+  int budget_batch = 0;            // largest batch within the budget (0: none fits, or no budget)
   int64_t budget_peak = 0;
   double budget_tokens_per_s = 0.0;
-  std::string verified;  // the gate's verdict on this plan or strategy (the CLI's --verify-cases); "" not run
+  std::string verified;         // the gate's verdict on this plan or strategy (the CLI's --verify-cases); "" not run
   std::string verified_detail;  // a failure's shrunk Case line and finding
 };
 
@@ -119,9 +119,9 @@ struct BenchResult {
   int tokens_per_step = 0;
   std::vector<PlanBench> plans;
   std::vector<GrowthPoint> growth;
-  GrowthFit fit_none, fit_sqrt;  // all zero when fewer than 3 depths were measured
-  std::string growth_stopped;    // why the growth law stops short (a depth this machine cannot run)
-  std::string growth_failed;     // the implementation failed at a depth (a finding: exit 1)
+  GrowthFit fit_none, fit_sqrt;       // all zero when fewer than 3 depths were measured
+  std::string growth_stopped;         // why the growth law stops short (a depth this machine cannot run)
+  std::string growth_failed;          // the implementation failed at a depth (a finding: exit 1)
   std::vector<std::string> diverged;  // plans whose loss curve left none's (beyond kLossTolerance)
 };
 

@@ -90,8 +90,12 @@ struct MemoryReporting::Guard {
   c10::DebugInfoGuard g{c10::DebugInfoKind::PROFILER_STATE, std::make_shared<Reporter>()};
 #ifndef C10_USE_GLOG
   int saved_level = FLAGS_caffe2_log_level;
-  Guard() { FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2); }  // 2: errors only
-  ~Guard() { FLAGS_caffe2_log_level = saved_level; }
+  Guard() {
+    FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2);
+  }  // 2: errors only
+  ~Guard() {
+    FLAGS_caffe2_log_level = saved_level;
+  }
 #endif
 };
 MemoryReporting::MemoryReporting() : guard_(std::make_unique<Guard>()) {}
@@ -150,6 +154,8 @@ void MemoryAccount::reset_peak() {
 }
 
 ChargeTo::ChargeTo(const MemoryAccount* account) : previous_(ledger().current.exchange(account ? account->id() : 0)) {}
-ChargeTo::~ChargeTo() { ledger().current.store(previous_); }
+ChargeTo::~ChargeTo() {
+  ledger().current.store(previous_);
+}
 
 }  // namespace ckv

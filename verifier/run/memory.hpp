@@ -47,8 +47,8 @@ class MemoryAccount {
   MemoryAccount& operator=(const MemoryAccount&) = delete;
 
   int64_t live() const;
-  int64_t peak() const;   // the largest live value since the last reset_peak()
-  void reset_peak();      // peak := live
+  int64_t peak() const;  // the largest live value since the last reset_peak()
+  void reset_peak();     // peak := live
   // Starts the next epoch (the run stage starts one per training step) and returns the bytes still live
   // that were allocated during the epoch that just ended: what one step carries into the next.
   int64_t next_epoch();

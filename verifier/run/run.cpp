@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -802,7 +802,8 @@ void apply_effective_plan(Observations& o) {
 int experiment_segment(const Observations& o) {
   if (o.strategy) {
     for (auto g = o.strategy_groups.rbegin(); g != o.strategy_groups.rend(); ++g)
-      if (g->first >= 0 && static_cast<size_t>(g->first) < o.grad_flows.size() && o.grad_flows[static_cast<size_t>(g->second)])
+      if (g->first >= 0 && static_cast<size_t>(g->first) < o.grad_flows.size() &&
+          o.grad_flows[static_cast<size_t>(g->second)])
         return g->first;
     return -1;
   }
@@ -888,8 +889,10 @@ void check_environment(const Case& c) {
   // LibTorch 1.13's CPU autocast leaves the tied head's matmul against a bf16 input in fp32: the plain
   // run itself fails ("expected scalar type BFloat16 but found Float").
   if (c.precision == Precision::bf16 && c.device == "cpu" && c.model.tie == Tie::head)
-    throw EnvironmentError("tie=head with prec=bf16 on cpu needs LibTorch >= 2.0 (1.13's CPU autocast fails the "
-                           "plain run); this build has " + std::string(TORCH_VERSION));
+    throw EnvironmentError(
+        "tie=head with prec=bf16 on cpu needs LibTorch >= 2.0 (1.13's CPU autocast fails the "
+        "plain run); this build has " +
+        std::string(TORCH_VERSION));
 #endif
   std::ifstream meminfo("/proc/meminfo");
   for (std::string key; meminfo >> key;) {
@@ -941,8 +944,9 @@ void run_design_floor(Observations& o, const GlobalStateCheck& entry) {
   } else if (gradients_bitwise_equal(o.test, o.baseline)) {
     o.design_why_not = "every gradient of the run under test is bitwise the baseline's";
   } else if (c.hook != Hook::none) {
-    o.design_why_not = "a reentrant checkpoint runs gradient hooks once per nested backward (hook=" +
-                       std::string(to_string(c.hook)) + ")";
+    o.design_why_not =
+        "a reentrant checkpoint runs gradient hooks once per nested backward (hook=" + std::string(to_string(c.hook)) +
+        ")";
   } else if (o.strategy) {
     o.design_why_not = "a strategy chose what to checkpoint";
   }

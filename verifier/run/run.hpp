@@ -81,7 +81,7 @@ struct MemoryRecord {
   // order), relative to the step's `before`.
   int64_t forward_start = 0;
   std::vector<int64_t> unit_levels;
-  std::vector<int64_t> segment_output;  // per segment: bytes of its output tensors (first forward)
+  std::vector<int64_t> segment_output;           // per segment: bytes of its output tensors (first forward)
   int64_t params = 0, grads = 0, optimizer = 0;  // bytes, at the end of the run
   // Bytes of one copy of the generator states on the Case's device (CPU: the CPU generator's state; on
   // CUDA the states are CPU tensors, so 0): a checkpoint that replays RNG keeps one per call.

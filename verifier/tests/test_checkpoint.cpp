@@ -1,8 +1,8 @@
 // verifier/tests/test_checkpoint.cpp: the checkpoint library's guarantees (checkpoint.hpp), each against
 // the same computation without checkpointing, bitwise.
 #include <gtest/gtest.h>
-#include <optional>
 #include <torch/cuda.h>
+#include <optional>
 
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/checkpoint/compat.hpp"

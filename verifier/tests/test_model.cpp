@@ -182,7 +182,7 @@ TEST(Memory, AccountsChargeTheBytesOfTheTensorsAllocatedWhileCurrent) {
   torch::Tensor kept;
   {
     ChargeTo charge(&a);
-    kept = torch::empty({1000}, torch::kFloat);  // 4000 bytes
+    kept = torch::empty({1000}, torch::kFloat);                          // 4000 bytes
     { const torch::Tensor temp = torch::empty({500}, torch::kDouble); }  // 4000 bytes, freed at once
     {
       ChargeTo none(nullptr);
@@ -331,10 +331,9 @@ TEST(Bench, ImplementationsSideBySideWithIntervals) {
   Plan block;
   std::string err;
   ASSERT_TRUE(Plan::parse("block", block, err));
-  const BenchResult r = run_bench(c, {Plan{}, block},
-                                  {{"builtin", [] { return make_builtin(); }},
-                                   {"slow", [] { return std::make_unique<Slow>(); }}},
-                                  o);
+  const BenchResult r =
+      run_bench(c, {Plan{}, block},
+                {{"builtin", [] { return make_builtin(); }}, {"slow", [] { return std::make_unique<Slow>(); }}}, o);
   ASSERT_EQ(r.impls, (std::vector<std::string>{"builtin", "slow"}));
   ASSERT_EQ(r.plans.size(), 3u);  // none, block with each
   EXPECT_EQ(r.plans[1].impl, "builtin");

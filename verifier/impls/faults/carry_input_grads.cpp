@@ -30,8 +30,8 @@ class CarryInputGrads : public CheckpointImpl {
 };
 }  // namespace
 ImplEntry carry_input_grads() {
-  return {{"carry-input-grads", "keeps each step's segment-input gradients alive through the next step",
-           "memory-saved", "steps>=3, checkpointed segments whose input gradients outweigh a few KiB"},
+  return {{"carry-input-grads", "keeps each step's segment-input gradients alive through the next step", "memory-saved",
+           "steps>=3, checkpointed segments whose input gradients outweigh a few KiB"},
           [] { return std::make_unique<CarryInputGrads>(); }};
 }
 }  // namespace ckv::faults

@@ -35,10 +35,10 @@ ImplEntry resume_no_optimizer();      // Adam's moments and step counts
 ImplEntry resume_no_running_stats();  // BatchNorm's running statistics
 ImplEntry resume_no_accumulation();   // the position inside the step (gradient accumulation)
 // On the reentrant skeleton (reentrant.hpp):
-ImplEntry reentrant_hooks();       // a correct-looking reentrant checkpoint: parameter hooks run twice
-ImplEntry nograd_forward_cache();  // its no-grad forward poisons autocast's cast cache
-ImplEntry inputs_only_grad();      // differentiates only the inputs
-ImplEntry leaf_input_recompute();  // recomputes from detached leaf inputs (the bf16 ulp bug)
+ImplEntry reentrant_hooks();        // a correct-looking reentrant checkpoint: parameter hooks run twice
+ImplEntry nograd_forward_cache();   // its no-grad forward poisons autocast's cast cache
+ImplEntry inputs_only_grad();       // differentiates only the inputs
+ImplEntry leaf_input_recompute();   // recomputes from detached leaf inputs (the bf16 ulp bug)
 ImplEntry reentrant_no_autocast();  // recomputes with autocast off
 ImplEntry carry_input_grads();      // keeps a step's input gradients through the next step
 

@@ -10,8 +10,9 @@ struct SingleRecomputeFrame : checkpoint_detail::RecomputeFrame {
   using RecomputeFrame::RecomputeFrame;
   void recompute() override {
     if (done_)
-      throw CheckpointError("checkpoint: this segment was already recomputed; backward through a checkpoint twice is "
-                            "not supported");
+      throw CheckpointError(
+          "checkpoint: this segment was already recomputed; backward through a checkpoint twice is "
+          "not supported");
     done_ = true;
     RecomputeFrame::recompute();
   }
