@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 
 #include "verifier/case/case.hpp"
@@ -359,6 +360,84 @@ TEST(Plan, SegmentsCoverEveryLayerOnceInOrder) {
   Plan::parse("sqrt", sqrt_plan, err);
   EXPECT_EQ(sqrt_plan.segments(7, true).size(), 3u);  // ceil(sqrt(7)) = 3: sizes 3,2,2
   EXPECT_EQ(sqrt_plan.segments(7, true)[0].units.size(), 3u);
+}
+
+}  // namespace
+}  // namespace ckv
+
+namespace ckv {
+namespace {
+
+// Every member of Case and of its ModelConfig is in the field table: changed alone to another valid
+// value, it changes the line form and the JSON (and so equality, which compares the JSON), and the Case
+// round-trips through both. The structured bindings stop compiling when a member is added, so a new
+// member cannot miss the table unnoticed: add it here with a change, or say why it is not a field.
+TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
+  const Case base = case_from_line("layers=4 d=8 heads=2 steps=2 micro=2 drop=0,0,0,0 plan=block");
+  {
+    Case probe;
+    auto& [model, dropout, dropout_impl, seed, batch, seq, steps, micro, sched, lr, opt, resume, input_frozen, freeze,
+           hook, gp, inplace, precision, device, plan, impl] = probe;
+    auto& [layers, d_model, heads, ffn_mult, vocab, norm, placement, attention, causal, activation, loss, tie,
+           key_padding, aux_weight, effects] = probe.model;
+    (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)steps, (void)micro;
+    (void)sched, (void)lr, (void)opt, (void)resume, (void)input_frozen, (void)freeze, (void)hook, (void)gp;
+    (void)inplace, (void)precision, (void)device, (void)plan, (void)impl, (void)layers, (void)d_model, (void)heads;
+    (void)ffn_mult, (void)vocab, (void)norm, (void)placement, (void)attention, (void)causal, (void)activation;
+    (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects;
+  }
+  // One change per member (key_padding and aux_weight are one field, segio; attention and causal are
+  // one, attn), each made as the field's own parser makes it.
+  const std::vector<std::pair<const char*, std::function<void(Case&)>>> changes = {
+      {"model.layers", [](Case& c) { c.model.layers = 6; }},
+      {"model.d_model", [](Case& c) { c.model.d_model = 16; }},
+      {"model.heads", [](Case& c) { c.model.heads = 4; }},
+      {"model.ffn_mult", [](Case& c) { c.model.ffn_mult = 2; }},
+      {"model.vocab", [](Case& c) { c.model.vocab = 5; }},
+      {"model.norm", [](Case& c) { c.model.norm = NormKind::rms; }},
+      {"model.placement", [](Case& c) { c.model.placement = NormPlacement::post; }},
+      {"model.attention", [](Case& c) { c.model.attention = false; }},
+      {"model.causal", [](Case& c) { c.model.causal = !c.model.causal; }},
+      {"model.activation", [](Case& c) { c.model.activation = Activation::relu; }},
+      {"model.loss", [](Case& c) { c.model.loss = LossKind::mse; }},
+      {"model.tie", [](Case& c) { c.model.tie = Tie::blocks; }},
+      {"model.key_padding+aux_weight", [](Case& c) { c = case_from_line(to_line(c) + " segio=multi"); }},
+      {"model.effects", [](Case& c) { c.model.effects = kCounter; }},
+      {"dropout", [](Case& c) { c.dropout[1] = 0.25; }},
+      {"dropout_impl", [](Case& c) { c.dropout_impl = DropoutImpl::native; }},
+      {"seed", [](Case& c) { c.seed = 12345; }},
+      {"batch", [](Case& c) { c.batch = 3; }},
+      {"seq", [](Case& c) { c.seq = 5; }},
+      {"steps", [](Case& c) { c.steps = 3; }},
+      {"micro", [](Case& c) { c.micro = 3; }},
+      {"sched", [](Case& c) { c.sched = Schedule::ffbb; }},
+      {"lr", [](Case& c) { c.lr = 0.125; }},
+      {"opt", [](Case& c) { c.opt = Optimizer::adam; }},
+      {"resume", [](Case& c) { c.resume = 1; }},
+      {"input_frozen", [](Case& c) { c.input_frozen = true; }},
+      {"freeze", [](Case& c) { c.freeze = Freeze::alt; }},
+      {"hook", [](Case& c) { c.hook = Hook::clip; }},
+      {"gp", [](Case& c) { c.gp = 0.5; }},
+      {"inplace", [](Case& c) { c.inplace = true; }},
+      {"precision", [](Case& c) { c.precision = Precision::bf16; }},
+      {"device", [](Case& c) { c.device = "cuda:1"; }},
+      {"plan",
+       [](Case& c) {
+         std::string e;
+         ASSERT_TRUE(Plan::parse("every2", c.plan, e)) << e;
+       }},
+      {"impl", [](Case& c) { c.impl = "no-preserve-rng"; }},
+  };
+  for (const auto& [member, change] : changes) {
+    Case c = base;
+    change(c);
+    EXPECT_NO_THROW(validate(c)) << member;
+    EXPECT_NE(to_line(c), to_line(base)) << member << " is not in the line form";
+    EXPECT_NE(to_json(c), to_json(base)) << member << " is not in the JSON (nor, so, in equality)";
+    EXPECT_NE(c, base) << member;
+    EXPECT_EQ(case_from_line(to_line(c)), c) << member;
+    EXPECT_EQ(to_json(case_from_json(to_json(c))), to_json(c)) << member;
+  }
 }
 
 }  // namespace
