@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ci/setup.sh: installs everything ckverify needs on a fresh Debian 12 machine, idempotently.
-#   - Debian packages: toolchain (with ccache, which ci/test.sh compiles through), test/bench libraries, Eigen, RapidCheck, JSON, CLI11, fmt, gnuplot,
+#   - Debian packages: toolchain (with ccache, which ci/test.sh compiles through; clang-format, which
+#     the source check runs), test/bench libraries, Eigen, RapidCheck, JSON, CLI11, fmt, gnuplot,
 #     and Debian's libtorch-dev (the floor build, LibTorch 1.13.1).
 #   - The primary LibTorch: PyPI's torch wheel at a pinned version, in the project-local virtual
 #     environment .venv/. The multi-GB wheels are kept in a wheelhouse outside the clone
@@ -25,7 +26,7 @@ cd "$here"
 
 debs=(build-essential cmake ninja-build pkg-config ccache python3-venv python3-dev
       librapidcheck-dev libeigen3-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
-      nlohmann-json3-dev libcli11-dev libfmt-dev gnuplot-nox libtorch-dev)
+      nlohmann-json3-dev libcli11-dev libfmt-dev gnuplot-nox libtorch-dev clang-format)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,7 @@
 // properties/memory_saved.cpp: memory-saved. Checkpointing exists to free activations; an
 // implementation that gets every gradient right but keeps what it recomputed (or never lets go of the
 // forward's tensors) passes every other property. Three checks, on every step, from the tensor memory the
-// run stage measured (verifier/run/memory.hpp; bytes on the Case's device):
+// run stage measured (verifier/model/memory.hpp; bytes on the Case's device):
 //
 //  1. Nothing is left behind: when the step's last backward has returned, the run under test holds no
 //     more than the baseline (no checkpointing) holds at the same point, beyond a small slack. Every

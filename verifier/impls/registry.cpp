@@ -9,10 +9,10 @@
 #include <stdexcept>
 
 #include "verifier/case/case.hpp"
+#include "verifier/case/environment_error.hpp"
 #include "verifier/checkpoint/compat.hpp"
 #include "verifier/impls/faults/faults.hpp"
 #include "verifier/impls/loader.hpp"
-#include "verifier/run/run.hpp"
 
 namespace ckv {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "verifier/impls/interface.hpp"
-#include "verifier/run/state.hpp"
+#include "verifier/impls/state_fault.hpp"
 
 namespace ckv {
 

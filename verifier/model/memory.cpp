@@ -1,5 +1,5 @@
-// verifier/run/memory.cpp: see memory.hpp.
-#include "verifier/run/memory.hpp"
+// verifier/model/memory.cpp: see memory.hpp.
+#include "verifier/model/memory.hpp"
 
 #include <torch/csrc/profiler/orchestration/observer.h>
 

@@ -1,4 +1,4 @@
-// verifier/run/memory.hpp: tensor memory, measured where LibTorch allocates it. LibTorch keeps no peak
+// verifier/model/memory.hpp: tensor memory, measured where LibTorch allocates it. LibTorch keeps no peak
 // statistic for CPU memory, so ckverify installs LibTorch's own memory-reporting hook
 // (c10::MemoryReportingInfoBase under c10::DebugInfoGuard, DebugInfoKind::PROFILER_STATE): the CPU
 // allocator and CUDA's caching allocator report every allocation and free to it, with the pointer, the

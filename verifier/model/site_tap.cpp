@@ -1,7 +1,7 @@
 // verifier/model/site_tap.cpp: see site_tap.hpp.
 #include "verifier/model/site_tap.hpp"
 
-#include "verifier/run/memory.hpp"
+#include "verifier/model/memory.hpp"
 
 namespace ckv {
 

@@ -10,7 +10,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "verifier/run/memory.hpp"
+#include "verifier/model/memory.hpp"
 #include "verifier/run/run.hpp"
 
 namespace ckv {

@@ -18,8 +18,8 @@
 
 #include "verifier/impls/faults/reentrant.hpp"
 #include "verifier/impls/registry.hpp"
+#include "verifier/model/memory.hpp"
 #include "verifier/model/model.hpp"
-#include "verifier/run/memory.hpp"
 #include "verifier/run/state.hpp"
 
 namespace ckv {

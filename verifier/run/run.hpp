@@ -19,6 +19,7 @@
 
 #include "reference/transformer.hpp"
 #include "verifier/case/case.hpp"
+#include "verifier/case/environment_error.hpp"
 #include "verifier/checkpoint/compat.hpp"
 #include "verifier/checkpoint/rng.hpp"
 #include "verifier/impls/interface.hpp"
@@ -26,12 +27,6 @@
 #include "verifier/run/state.hpp"
 
 namespace ckv {
-
-// The Case cannot run here (no such device, too large for this machine): never the implementation's fault.
-class EnvironmentError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Throws EnvironmentError when this machine or build cannot run the Case.
 void check_environment(const Case& c);

@@ -21,6 +21,7 @@
 
 #include "reference/params.hpp"
 #include "verifier/case/case.hpp"
+#include "verifier/impls/state_fault.hpp"
 
 namespace ckv {
 
@@ -29,16 +30,6 @@ inline constexpr int kStateFormatVersion = 1;
 class StateError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
-};
-
-// A deliberately broken saver (the resume faults): what it forgets.
-enum class StateFault {
-  none,
-  no_rng,            // generator states not saved
-  rng_before,        // generator states as they were before the last step, not at the save
-  no_optimizer,      // optimizer state not saved
-  no_running_stats,  // BatchNorm running statistics not saved
-  no_accumulation,   // the position inside the step lost: saved as the step's start, so it runs again
 };
 
 struct TrainingState {

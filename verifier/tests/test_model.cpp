@@ -10,9 +10,9 @@
 
 #include "properties/property.hpp"
 #include "verifier/impls/registry.hpp"
+#include "verifier/model/memory.hpp"
 #include "verifier/model/model.hpp"
 #include "verifier/run/bench.hpp"
-#include "verifier/run/memory.hpp"
 #include "verifier/run/run.hpp"
 
 namespace ckv {
@@ -174,7 +174,7 @@ TEST(Model, RunsAreDeterministicPerSeed) {
   EXPECT_NE(train(other, nullptr).steps[0].losses, a.steps[0].losses);
 }
 
-// ---- memory measurement (verifier/run/memory.hpp) ----
+// ---- memory measurement (verifier/model/memory.hpp) ----
 
 TEST(Memory, AccountsChargeTheBytesOfTheTensorsAllocatedWhileCurrent) {
   MemoryReporting reporting;
