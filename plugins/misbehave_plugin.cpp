@@ -1,12 +1,15 @@
 // plugins/misbehave_plugin.cpp: an implementation that breaks the process it runs in, for the isolation
 // tests: on its `at`-th segment call (default 1) it segfaults (mode=segv), aborts (abort), hangs
-// (hang), throws something that is not a std::exception (throw), or exits the process (exit); before
+// (hang), throws something that is not a std::exception (throw), exits the process (exit), or forks a
+// process that sleeps for five minutes holding the standard streams and carries on (fork); before
 // that it checkpoints nothing (runs the segment plainly, which is a correct, memory-hungry
 // "implementation").
 #include <csignal>
 #include <cstdlib>
 #include <stdexcept>
 #include <thread>
+
+#include <unistd.h>
 
 #include "verifier/impls/plugin.hpp"
 
@@ -22,6 +25,10 @@ class Misbehave : public ckv::CheckpointImpl {
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       if (mode_ == "throw") throw 42;
       if (mode_ == "exit") std::exit(0);
+      if (mode_ == "fork" && ::fork() == 0) {
+        ::sleep(300);
+        ::_exit(0);
+      }
     }
     return call.fn(call.args);
   }
@@ -36,12 +43,12 @@ ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
   std::string mode = "segv";
   int at = 1;
   for (const auto& [k, v] : o) {
-    if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit"))
+    if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit" || v == "fork"))
       mode = v;
     else if (k == "at")
       at = std::stoi(v);
     else
-      throw std::invalid_argument("unknown option " + k + "=" + v + " (mode=segv|abort|hang|throw|exit, at=N)");
+      throw std::invalid_argument("unknown option " + k + "=" + v + " (mode=segv|abort|hang|throw|exit|fork, at=N)");
   }
   return new Misbehave(mode, at);
 }

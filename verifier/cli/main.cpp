@@ -27,6 +27,7 @@
 #include "verifier/cli/bench_report.hpp"
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/search.hpp"
+#include "verifier/cli/supervise.hpp"
 #include "verifier/cli/workers.hpp"
 #include "verifier/impls/loader.hpp"
 #include "verifier/impls/registry.hpp"
@@ -1241,6 +1242,11 @@ int main(int argc, char** argv) {
   train->add_option("--until", until, "Stop after this many micro-batches (default: the end: steps x micro)");
   train->add_option("--save", save_path, "Write the training state there at the end (format: verifier/run/state.hpp)");
   train->add_option("--resume", resume_path, "Start from this state file (saved from the same Case)");
+  double stall_timeout = 300;
+  const std::string stall_help =
+      "Seconds without progress (a micro-batch started, a Case verified) after which the run counts as hung: "
+      "the implementation is killed and blamed";
+  train->add_option("--stall-timeout", stall_timeout, stall_help)->capture_default_str();
 
   auto* audit = app.add_subcommand(
       "audit-amp",
@@ -1258,6 +1264,7 @@ int main(int argc, char** argv) {
   audit->add_option("--json", json_path, "Write the audit as JSON to this file");
   audit->add_option("--plot", audit_plot, "Write the per-group error plot (PNG, through gnuplot) to this file");
   audit->add_option("--device", device, "Device: cpu, cuda or cuda:N")->capture_default_str();
+  audit->add_option("--stall-timeout", stall_timeout, stall_help)->capture_default_str();
 
   auto* bench = app.add_subcommand(
       "bench",
@@ -1288,6 +1295,7 @@ int main(int argc, char** argv) {
   bench->add_option("--only", ba.only, "KEY=VALUE: a Case field the verification fixes (repeatable, as for check)")
       ->allow_extra_args(false);
   bench->add_option("--device", ba.device, "Device: cpu, cuda or cuda:N")->capture_default_str();
+  bench->add_option("--stall-timeout", stall_timeout, stall_help)->capture_default_str();
   bench->add_option("--warmup", ba.warmup, "Steps run before timing")->capture_default_str();
   bench->add_option("--repeats", ba.repeats, "Timed rounds at least (every row one step per round; medians over them)")
       ->capture_default_str();
@@ -1340,57 +1348,75 @@ int main(int argc, char** argv) {
             std::cerr << "ckverify: " << opt->get_name() << " is empty" << std::endl;
             return kExitUsage;
           }
-  try {
-    try {  // the Case's own seed parser: decimal, in [0, 2^64), nothing after it
-      seed = case_from_line("seed=" + seed_text).seed;
-      if (seed_text.find_first_not_of("0123456789") != std::string::npos) throw CaseError("not a decimal number");
-    } catch (const CaseError&) {
-      throw UsageError("--seed \"" + sanitize(seed_text) + "\" is not an integer in [0, 2^64)");
+  // train, bench and audit-amp run the implementation in this process's forked child (supervise.hpp);
+  // check, repro and faults run it in workers (workers.hpp).
+  auto run_command = [&]() -> int {
+    try {
+      try {  // the Case's own seed parser: decimal, in [0, 2^64), nothing after it
+        seed = case_from_line("seed=" + seed_text).seed;
+        if (seed_text.find_first_not_of("0123456789") != std::string::npos) throw CaseError("not a decimal number");
+      } catch (const CaseError&) {
+        throw UsageError("--seed \"" + sanitize(seed_text) + "\" is not an integer in [0, 2^64)");
+      }
+      if (*worker) return worker_main(worker_impl, worker_threads);
+      if (*check)
+        return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device,
+                         gate_options(jobs, case_timeout, shard), only, strategy, parse_skip(skip_names, skip_reason),
+                         min_cases, max_findings);
+      if (*repro)
+        return cmd_repro(case_path, outs, gate_options(1, case_timeout, "").case_timeout_s,
+                         parse_skip(skip_names, skip_reason));
+      if (*faults)
+        return cmd_faults(fault_cases, seed, fault_budget, json_path, device, gate_options(jobs, case_timeout, ""),
+                          fault_plugin);
+      if (*merge) return cmd_merge(merge_inputs, outs);
+      if (*list) return cmd_list();
+      if (*case_cmd) return cmd_case(case_words);
+      if (*audit)
+        return cmd_audit_amp(case_path, audit_impl, plan, audit_cases, audit->count("--cases") > 0, seed, json_path,
+                             audit_plot, device);
+      if (*bench) {
+        ba.command = "ckverify";
+        for (int i = 1; i < argc; ++i) ba.command += std::string(" ") + sanitize(argv[i], 200);
+        return cmd_bench(ba);
+      }
+      if (*train) {
+        if (train->count("--until") > 0 && until < 0) throw UsageError("--until must be >= 0");
+        return cmd_train(case_path, until, save_path, resume_path);
+      }
+    } catch (const UsageError& e) {
+      std::cerr << "ckverify: " << e.what() << std::endl;
+      return kExitUsage;
+    } catch (const CaseError& e) {
+      std::cerr << "ckverify: " << e.what() << std::endl;
+      return kExitUsage;
+    } catch (const StateError& e) {
+      std::cerr << "ckverify: " << sanitize(e.what(), 400) << std::endl;
+      return kExitUsage;
+    } catch (const EnvironmentError& e) {
+      std::cerr << "ckverify: cannot run here: " << sanitize(e.what(), 300) << std::endl;
+      return kExitUsage;
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "ckverify: " << sanitize(e.what(), 300) << std::endl;
+      return kExitUsage;
+    } catch (const std::exception& e) {
+      std::cerr << "ckverify: internal error: " << sanitize(e.what(), 400) << std::endl;
+      return kExitInternal;
     }
-    if (*worker) return worker_main(worker_impl, worker_threads);
-    if (*check)
-      return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device,
-                       gate_options(jobs, case_timeout, shard), only, strategy, parse_skip(skip_names, skip_reason),
-                       min_cases, max_findings);
-    if (*repro)
-      return cmd_repro(case_path, outs, gate_options(1, case_timeout, "").case_timeout_s,
-                       parse_skip(skip_names, skip_reason));
-    if (*faults)
-      return cmd_faults(fault_cases, seed, fault_budget, json_path, device, gate_options(jobs, case_timeout, ""),
-                        fault_plugin);
-    if (*merge) return cmd_merge(merge_inputs, outs);
-    if (*list) return cmd_list();
-    if (*case_cmd) return cmd_case(case_words);
-    if (*audit)
-      return cmd_audit_amp(case_path, audit_impl, plan, audit_cases, audit->count("--cases") > 0, seed, json_path,
-                           audit_plot, device);
-    if (*bench) {
-      ba.command = "ckverify";
-      for (int i = 1; i < argc; ++i) ba.command += std::string(" ") + sanitize(argv[i], 200);
-      return cmd_bench(ba);
+    return kExitUsage;
+  };
+  if (*train || *bench || *audit) {
+    const char* name = *train ? "train" : *bench ? "bench" : "audit-amp";
+    if (!(stall_timeout >= 1.0) || !std::isfinite(stall_timeout)) {
+      std::cerr << "ckverify: --stall-timeout must be a number of seconds >= 1" << std::endl;
+      return kExitUsage;
     }
-    if (*train) {
-      if (train->count("--until") > 0 && until < 0) throw UsageError("--until must be >= 0");
-      return cmd_train(case_path, until, save_path, resume_path);
+    try {
+      return supervise({name, stall_timeout}, run_command);
+    } catch (const std::exception& e) {
+      std::cerr << "ckverify: cannot run here: " << sanitize(e.what(), 300) << std::endl;
+      return kExitUsage;
     }
-  } catch (const UsageError& e) {
-    std::cerr << "ckverify: " << e.what() << std::endl;
-    return kExitUsage;
-  } catch (const CaseError& e) {
-    std::cerr << "ckverify: " << e.what() << std::endl;
-    return kExitUsage;
-  } catch (const StateError& e) {
-    std::cerr << "ckverify: " << sanitize(e.what(), 400) << std::endl;
-    return kExitUsage;
-  } catch (const EnvironmentError& e) {
-    std::cerr << "ckverify: cannot run here: " << sanitize(e.what(), 300) << std::endl;
-    return kExitUsage;
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "ckverify: " << sanitize(e.what(), 300) << std::endl;
-    return kExitUsage;
-  } catch (const std::exception& e) {
-    std::cerr << "ckverify: internal error: " << sanitize(e.what(), 400) << std::endl;
-    return kExitInternal;
   }
-  return kExitUsage;
+  return run_command();
 }

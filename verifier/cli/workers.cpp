@@ -20,6 +20,7 @@
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/search.hpp"
 #include "verifier/impls/registry.hpp"
+#include "verifier/run/progress.hpp"
 
 extern char** environ;
 
@@ -288,6 +289,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
           stop(w);
           w.task = task;
           lost(w, "crashed the worker process (" + describe_exit(status) + ")");
+          progress();
           continue;
         }
         if (auto line = take_line(w.buffer)) {
@@ -298,6 +300,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
             throw std::runtime_error(why);
           }
           finish(w, findings_from_line(*line));
+          progress();  // a Case verified (the supervisor of bench's verified column: supervise.hpp)
           continue;
         }
       }

@@ -80,7 +80,16 @@ void check_impl_spec(const std::string& spec) {
   }
 }
 
+namespace {
+ForeignLoadObserver foreign_load_observer = nullptr;
+}  // namespace
+
+void set_foreign_load_observer(ForeignLoadObserver observer) {
+  foreign_load_observer = observer;
+}
+
 std::unique_ptr<CheckpointImpl> make_impl(const std::string& name) {
+  if (spec_kind(name) != SpecKind::name && foreign_load_observer) foreign_load_observer(name);
   if (spec_kind(name) == SpecKind::plugin) return load_plugin(name);
   if (spec_kind(name) == SpecKind::python) return load_python(name);
   std::string names;

@@ -43,6 +43,10 @@ ImplInfo impl_info(const std::string& spec);
 void check_impl_spec(const std::string& spec);
 // A builtin name, a plugin spec or a Python spec (loader.hpp). Throws std::invalid_argument with one line.
 std::unique_ptr<CheckpointImpl> make_impl(const std::string& name);
+// Called with the spec before make_impl loads code from outside ckverify (a plugin, a Python module),
+// so a supervisor can blame what happens next on it (cli/supervise.hpp). Null: nobody is told.
+using ForeignLoadObserver = void (*)(const std::string& spec);
+void set_foreign_load_observer(ForeignLoadObserver observer);
 
 // ckverify's builtin checkpoint behind the interface.
 std::unique_ptr<CheckpointImpl> make_builtin(CheckpointOptions options = {});

@@ -20,6 +20,7 @@
 #include "verifier/impls/registry.hpp"
 #include "verifier/model/memory.hpp"
 #include "verifier/model/model.hpp"
+#include "verifier/run/progress.hpp"
 #include "verifier/run/state.hpp"
 
 namespace ckv {
@@ -221,6 +222,7 @@ class Trainer {
     ChargeTo charge(&account_);
     rng_.restore();
     while (position_ < position) {
+      progress();
       step_ = position_ / M;
       const int m = position_ % M;
       if (!in_step_) begin_step(/*fresh=*/m == 0);

@@ -32,6 +32,44 @@ expect 1 "a plugin that hangs is a finding" -- "$ck" check --impl "$mis:mode=han
 grep -q "per-case timeout of 2 s" hang.json || { bad "hang: timeout not named"; cat out.txt; }
 [ $(( $(date +%s) - start )) -le 60 ] || bad "a hanging plugin held ckverify for $(( $(date +%s) - start )) s"
 
+# train, bench and audit-amp run the implementation in a supervised child (supervise.hpp): each way of
+# dying is a finding that names the plugin, a hang ends at --stall-timeout, SIGTERM leaves nothing
+# behind, and what the plugin forks does not outlive the command.
+sv_case() {  # sv_case FILE MODE: a small checkpointed Case whose impl is the misbehaving plugin
+  "$ck" case layers=2 d=8 heads=2 steps=2 plan=block > "$1"
+  python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['impl']=sys.argv[2]; json.dump(c,open(sys.argv[1],'w'))" "$1" "$mis:mode=$2"
+}
+for mode in segv abort throw exit; do
+  sv_case "sv-$mode.json" "$mode"
+  expect 1 "train: a plugin that does $mode" -- "$ck" train "sv-$mode.json"
+  grep -q "^FAIL: .*libckverify_misbehave.so:mode=$mode" out.txt || grep -q "^FAIL: the run stopped" out.txt ||
+    { bad "train $mode: no FAIL line naming the plugin"; cat out.txt err.txt; }
+  expect 1 "audit-amp: a plugin that does $mode" -- "$ck" audit-amp "sv-$mode.json" --plan block
+  grep -q "^FAIL: " out.txt || { bad "audit-amp $mode: no FAIL line"; cat out.txt err.txt; }
+done
+grep -q "signal 11" <("$ck" train sv-segv.json 2>&1) || bad "train segv: the signal is not named"
+grep -q "ended the process (exit status 0)" <("$ck" train sv-exit.json 2>&1) || bad "train exit: not named"
+expect 1 "bench: a plugin that segfaults" -- "$ck" bench sv-segv.json --impl "$mis:mode=segv" --plans block \
+  --warmup 0 --repeats 1 --max-repeats 1
+grep -q "signal 11" out.txt || { bad "bench segv: the signal is not named"; cat out.txt err.txt; }
+sv_case sv-hang.json hang
+start=$(date +%s)
+expect 1 "train: a plugin that hangs" -- "$ck" train sv-hang.json --stall-timeout 3
+grep -q "made no progress for 3 s" out.txt || { bad "train hang: not named"; cat out.txt err.txt; }
+[ $(( $(date +%s) - start )) -le 40 ] || bad "a hanging plugin held train for $(( $(date +%s) - start )) s"
+expect 2 "train: --stall-timeout 0" -- "$ck" train sv-hang.json --stall-timeout 0
+"$ck" train "$tmp/sv-hang.json" >/dev/null 2>&1 &
+pid=$!; sleep 6; kill -TERM $pid; wait $pid; rc=$?
+[ $rc = 143 ] || bad "train stopped by SIGTERM exited $rc, not 143"
+sleep 1
+pgrep -f "train $tmp/sv-hang.json" >/dev/null && { bad "train's child outlived SIGTERM"; pkill -9 -f "train $tmp/sv-hang.json"; }
+sv_case sv-fork.json fork
+start=$(date +%s)
+"$ck" train sv-fork.json 2>&1 | cat > fork.txt
+[ "${PIPESTATUS[0]}" = 0 ] || { bad "train with a forking plugin"; cat fork.txt; }
+grep -q "digest" fork.txt || bad "train with a forking plugin: no digest"
+[ $(( $(date +%s) - start )) -le 60 ] || bad "a process forked by the plugin held train's output for $(( $(date +%s) - start )) s"
+
 # Workers die with ckverify: a run stopped by SIGTERM (a CI timeout) leaves no worker behind.
 "$ck" check --impl "$mis:mode=hang,at=2" --plan block --cases 2 -j 2 --case-timeout 300 >/dev/null 2>&1 &
 pid=$!; sleep 8; kill -TERM $pid; wait $pid 2>/dev/null; sleep 2

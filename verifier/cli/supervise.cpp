@@ -1,0 +1,217 @@
+// verifier/cli/supervise.cpp: see supervise.hpp.
+#include "verifier/cli/supervise.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "verifier/case/case.hpp"
+#include "verifier/impls/registry.hpp"
+#include "verifier/run/progress.hpp"
+
+namespace ckv::cli {
+namespace {
+
+constexpr int kExitFailed = 1, kExitUsage = 2, kExitInternal = 3;
+
+// ---- the child's side ----
+int report_fd = -1;
+
+void send(const std::string& line) {
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(report_fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the parent is gone; PR_SET_PDEATHSIG ends this process
+    done += static_cast<size_t>(n);
+  }
+}
+
+void on_progress() {
+  static auto last = std::chrono::steady_clock::time_point{};
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last < std::chrono::milliseconds(200)) return;
+  last = now;
+  send("p\n");
+}
+
+void on_foreign_load(const std::string& spec) {
+  std::string s = spec;
+  for (char& ch : s)
+    if (ch == '\n') ch = ' ';
+  send("f" + s + "\n");
+}
+
+[[noreturn]] void child(int fd, const std::function<int()>& body) {
+  report_fd = fd;
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() == 1) ::_exit(kExitInternal);  // the parent died before the line above
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
+  // What the command printed reaches its output even when the implementation crashes the child later.
+  std::cout.setf(std::ios::unitbuf);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  set_progress_observer(on_progress);
+  set_foreign_load_observer(on_foreign_load);
+  int rc = kExitInternal;
+  try {
+    rc = body();
+  } catch (...) {
+    std::cout.flush(), std::cerr.flush();
+    send("u\n");
+    ::_exit(kExitInternal);
+  }
+  std::cout.flush(), std::cerr.flush();
+  std::fflush(nullptr);
+  send(fmt::format("r{}\n", rc));
+  ::_exit(rc);
+}
+
+// ---- the parent's side ----
+volatile std::sig_atomic_t forwarded_signal = 0;
+void on_signal(int sig) {
+  forwarded_signal = sig;
+}
+
+std::string signal_name(int sig) {
+  const char* d = ::strsignal(sig);
+  return fmt::format("signal {} ({})", sig, d ? d : "unknown");
+}
+
+}  // namespace
+
+int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
+  std::cout.flush(), std::cerr.flush();
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]), ::close(fds[1]);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    child(fds[1], body);
+  }
+  ::close(fds[1]);
+  ::setpgid(pid, pid);  // also done by the child; whichever runs first
+  struct sigaction sa {
+  }, old_int{}, old_term{}, old_hup{};
+  sa.sa_handler = on_signal;
+  ::sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, &old_int), ::sigaction(SIGTERM, &sa, &old_term), ::sigaction(SIGHUP, &sa, &old_hup);
+
+  using Clock = std::chrono::steady_clock;
+  auto last_progress = Clock::now(), last_loop = last_progress;
+  std::vector<std::string> foreign;  // specs of code from outside ckverify, in load order
+  int reported = -1;                 // the child's own exit code
+  bool escaped = false, stalled = false, killed_by_us = false;
+  int forwarded = 0;
+  std::string buffer;
+  int fd = fds[0];
+  int status = 0;
+  Clock::time_point reported_at{};
+  for (;;) {
+    if (fd >= 0) {
+      pollfd p{fd, POLLIN, 0};
+      const int n = ::poll(&p, 1, 100);
+      if (n > 0) {
+        char chunk[4096];
+        const ssize_t got = ::read(fd, chunk, sizeof chunk);
+        if (got > 0) {
+          buffer.append(chunk, static_cast<size_t>(got));
+          for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
+            const std::string line = buffer.substr(0, nl);
+            if (line.empty()) continue;
+            if (line[0] == 'p') last_progress = Clock::now();
+            if (line[0] == 'f') foreign.push_back(line.substr(1)), last_progress = Clock::now();
+            if (line[0] == 'u') escaped = true;
+            if (line[0] == 'r' && reported < 0) {
+              try {
+                reported = std::stoi(line.substr(1));
+              } catch (const std::exception&) {
+                reported = kExitInternal;
+              }
+              reported_at = Clock::now();
+            }
+          }
+        } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+          ::close(fd), fd = -1;
+        }
+      }
+    } else {
+      ::usleep(100 * 1000);
+    }
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (forwarded_signal && !forwarded) {
+      forwarded = forwarded_signal;
+      ::kill(-pid, forwarded);
+    }
+    const auto now = Clock::now();
+    // This process itself was stopped (SIGSTOP, a suspended job, a frozen container): the time it did
+    // not run is nobody's stall.
+    if (now - last_loop > std::chrono::seconds(2)) last_progress += now - last_loop;
+    last_loop = now;
+    const bool lingering = reported >= 0 && now - reported_at > std::chrono::seconds(5);
+    if (!killed_by_us && reported < 0 && !forwarded &&
+        std::chrono::duration<double>(now - last_progress).count() > o.stall_timeout_s) {
+      stalled = true;
+    }
+    if (!killed_by_us && (stalled || lingering || (forwarded && now - last_progress > std::chrono::seconds(30)))) {
+      killed_by_us = true;
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::kill(-pid, SIGKILL);  // whatever the implementation forked dies with the command
+  ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr),
+      ::sigaction(SIGHUP, &old_hup, nullptr);
+
+  if (reported >= 0) return reported;
+  if (forwarded) return 128 + forwarded;
+  const std::string who =
+      foreign.empty() ? "" : "the implementation " + sanitize(foreign.back(), 200) + " (loaded in this run)";
+  std::string what;
+  if (stalled)
+    what = fmt::format("made no progress for {:g} s (a hang; --stall-timeout raises the limit for slower steps)",
+                       o.stall_timeout_s);
+  else if (escaped)
+    what = "threw something that is not a std::exception";
+  else if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && !killed_by_us) {
+    std::cerr << "ckverify " << o.command
+              << ": cannot run here: the run was killed by SIGKILL from outside ckverify (the kernel's "
+                 "out-of-memory killer under a memory limit, or a user); nothing was judged"
+              << std::endl;
+    return kExitUsage;
+  } else if (WIFSIGNALED(status))
+    what = "crashed the run: " + signal_name(WTERMSIG(status));
+  else if (WIFEXITED(status))
+    what =
+        fmt::format("ended the process (exit status {}) before `ckverify {}` finished", WEXITSTATUS(status), o.command);
+  else
+    what = "stopped the run";
+  if (!who.empty()) {
+    std::cout << "FAIL: " << who << " " << what << std::endl;
+    return kExitFailed;
+  }
+  if (stalled) {
+    std::cerr << "ckverify " << o.command << ": cannot run here: the run " << what << std::endl;
+    return kExitUsage;
+  }
+  std::cerr << "ckverify " << o.command << ": internal error: ckverify's own code " << what << std::endl;
+  return kExitInternal;
+}
+
+}  // namespace ckv::cli
