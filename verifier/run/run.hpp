@@ -179,7 +179,8 @@ struct Observations {
   ParamSet initial_params;
   std::vector<CaseData> data;  // per micro-batch
   RunRecord baseline, test;
-  // Where some gradient of the run under test is not bitwise the baseline's: ckverify's reference
+  // Where some gradient of the run under test is outside grad-baseline's fixed rounding bound (of the
+  // baseline's): ckverify's reference
   // reentrant checkpoint (impls/faults/reentrant.hpp, a correct design on hook=none Cases) run on the
   // same Case, taking each step from the run under test's parameters as the baseline does. How far it
   // moves each gradient is how far a correct checkpoint that sums in another order may move it on this
