@@ -37,13 +37,15 @@
 #include <algorithm>
 
 #include "properties/property.hpp"
+#include "properties/tolerance.hpp"
 
 namespace ckv {
 namespace {
 const char* kName = "memory-saved";
-constexpr double kFactor = 1.25;         // allowed peak / estimate
-constexpr int64_t kMinSlack = 4096;      // bytes: RNG states, scalars, bookkeeping tensors
-constexpr double kSlackFraction = 0.05;  // of the baseline's activations
+// The bounds are in the tolerance table (tolerance.hpp), with their reasons.
+constexpr double kFactor = kMemoryPeakFactor;
+constexpr int64_t kMinSlack = kMemoryMinSlack;
+constexpr double kSlackFraction = kMemorySlackFraction;
 
 std::string kib(int64_t b) {
   return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0);

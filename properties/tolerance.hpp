@@ -29,6 +29,8 @@
 //                     0 (a learning rate that blows the model up leaves fp32 cancelling what fp64 keeps).
 #pragma once
 
+#include <cstdint>
+
 #include <string>
 #include <vector>
 
@@ -100,6 +102,21 @@ Tolerance adam_update_tolerance(const Tolerance& gradient, double lr);
 // summation order.
 inline constexpr double kAmpDesignFactor = 2.0;
 double amp_drift_allowance(double noise_floor, double design_floor);
+
+// memory-saved (properties/memory_saved.cpp): the step's activation peak may reach kMemoryPeakFactor
+// times the plan's estimate (the estimate counts the activations units keep, not autograd's
+// bookkeeping or the temporaries a recompute allocates beside the gradients' own), plus a slack of
+// kMemorySlackFraction
+// of the baseline's activations and at least kMemoryMinSlack bytes (RNG states, scalars, bookkeeping
+// tensors) for what is held after backward.
+inline constexpr double kMemoryPeakFactor = 1.25;
+inline constexpr int64_t kMemoryMinSlack = 4096;
+inline constexpr double kMemorySlackFraction = 0.05;
+
+// bench: a plan's loss curve may leave the plain run's by this much (relative) before it is reported as
+// diverged. CPU fp32 replays are bitwise equal; a correct checkpoint that sums a shared gradient in
+// another order moves a loss by rounding that the steps then carry (grad-baseline's reorder bound).
+inline constexpr double kBenchLossTolerance = 1e-5;
 
 // How far fp32 rounding moves one step, from the fp64 and fp32 evaluations of its tensors.
 struct StepConditioning {

@@ -26,14 +26,11 @@ struct NameTable {
   }
 };
 
-constexpr NameTable<NormKind, 2> kNorm{{{{NormKind::layer, "layernorm"}, {NormKind::rms, "rmsnorm"}}}};
-constexpr NameTable<NormPlacement, 2> kPlacement{{{{NormPlacement::pre, "pre"}, {NormPlacement::post, "post"}}}};
-constexpr NameTable<Activation, 4> kAct{{{{Activation::relu, "relu"},
-                                          {Activation::gelu_tanh, "gelu_tanh"},
-                                          {Activation::gelu_erf, "gelu_erf"},
-                                          {Activation::swiglu, "swiglu"}}}};
-constexpr NameTable<LossKind, 2> kLoss{{{{LossKind::cross_entropy, "ce"}, {LossKind::mse, "mse"}}}};
-constexpr NameTable<Tie, 3> kTie{{{{Tie::none, "none"}, {Tie::blocks, "blocks"}, {Tie::head, "head"}}}};
+constexpr NameTable<NormKind, 2> kNorm{kNormNames};
+constexpr NameTable<NormPlacement, 2> kPlacement{kPlacementNames};
+constexpr NameTable<Activation, 4> kAct{kActivationNames};
+constexpr NameTable<LossKind, 2> kLoss{kLossNames};
+constexpr NameTable<Tie, 3> kTie{kTieNames};
 constexpr NameTable<DropoutSite, 4> kSite{{{{DropoutSite::attn_probs, "attn_probs"},
                                             {DropoutSite::attn_out, "attn_out"},
                                             {DropoutSite::ffn_hidden, "ffn_hidden"},

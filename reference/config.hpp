@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ckv {
@@ -79,6 +80,19 @@ inline constexpr double kCacheStep = 0.01;
 inline int key_length(int b, int T) {
   return T - b > 1 ? T - b : 1;
 }
+
+// The one spelling of each enum (Case lines, JSON, messages); the Case's field table reads these rows.
+template <class E, size_t N>
+using EnumNames = std::array<std::pair<E, std::string_view>, N>;
+inline constexpr EnumNames<NormKind, 2> kNormNames{{{NormKind::layer, "layernorm"}, {NormKind::rms, "rmsnorm"}}};
+inline constexpr EnumNames<NormPlacement, 2> kPlacementNames{
+    {{NormPlacement::pre, "pre"}, {NormPlacement::post, "post"}}};
+inline constexpr EnumNames<Activation, 4> kActivationNames{{{Activation::relu, "relu"},
+                                                            {Activation::gelu_tanh, "gelu_tanh"},
+                                                            {Activation::gelu_erf, "gelu_erf"},
+                                                            {Activation::swiglu, "swiglu"}}};
+inline constexpr EnumNames<LossKind, 2> kLossNames{{{LossKind::cross_entropy, "ce"}, {LossKind::mse, "mse"}}};
+inline constexpr EnumNames<Tie, 3> kTieNames{{{Tie::none, "none"}, {Tie::blocks, "blocks"}, {Tie::head, "head"}}};
 
 // Enum names: the only spelling used in Case lines, JSON and error messages.
 std::string_view to_string(NormKind v);

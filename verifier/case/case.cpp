@@ -53,14 +53,12 @@ constexpr Names<Hook, 3> kHook{{{Hook::none, "none"}, {Hook::scale, "scale"}, {H
 constexpr Names<Schedule, 2> kSched{{{Schedule::fb, "fb"}, {Schedule::ffbb, "ffbb"}}};
 constexpr Names<Optimizer, 2> kOpt{{{Optimizer::sgd, "sgd"}, {Optimizer::adam, "adam"}}};
 constexpr Names<SegIO, 2> kSegIO{{{SegIO::single, "single"}, {SegIO::multi, "multi"}}};
-constexpr Names<NormKind, 2> kNorm{{{NormKind::layer, "layernorm"}, {NormKind::rms, "rmsnorm"}}};
-constexpr Names<NormPlacement, 2> kPos{{{NormPlacement::pre, "pre"}, {NormPlacement::post, "post"}}};
-constexpr Names<Activation, 4> kAct{{{Activation::relu, "relu"},
-                                     {Activation::gelu_tanh, "gelu_tanh"},
-                                     {Activation::gelu_erf, "gelu_erf"},
-                                     {Activation::swiglu, "swiglu"}}};
-constexpr Names<LossKind, 2> kLoss{{{LossKind::cross_entropy, "ce"}, {LossKind::mse, "mse"}}};
-constexpr Names<Tie, 3> kTie{{{Tie::none, "none"}, {Tie::blocks, "blocks"}, {Tie::head, "head"}}};
+// The model's enums are spelled once, in reference/config.hpp.
+constexpr const Names<NormKind, 2>& kNorm = kNormNames;
+constexpr const Names<NormPlacement, 2>& kPos = kPlacementNames;
+constexpr const Names<Activation, 4>& kAct = kActivationNames;
+constexpr const Names<LossKind, 2>& kLoss = kLossNames;
+constexpr const Names<Tie, 3>& kTie = kTieNames;
 constexpr std::array<std::pair<unsigned, std::string_view>, 6> kEffects{{{kCounter, "counter"},
                                                                          {kLog, "log"},
                                                                          {kBatchNorm, "bn"},

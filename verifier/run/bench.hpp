@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "properties/tolerance.hpp"
 #include "verifier/case/case.hpp"
 #include "verifier/impls/interface.hpp"
 
@@ -125,7 +126,7 @@ struct BenchResult {
   std::vector<std::string> diverged;  // plans whose loss curve left none's (beyond kLossTolerance)
 };
 
-inline constexpr double kLossTolerance = 1e-5;  // relative; CPU fp32 replays are bitwise equal
+inline constexpr double kLossTolerance = kBenchLossTolerance;  // relative (properties/tolerance.hpp)
 
 // The preset of seed 001's lab: 20 blocks of LayerNorm -> Linear(D,4D) -> ReLU -> Linear(4D,D) +
 // residual (attn=off), D=256, batch 2, seq 1024 on CPU (activations outweigh the parameters, as at the
