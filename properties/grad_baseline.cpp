@@ -81,14 +81,9 @@ Finding judge(const Observations& o) {
   for (size_t s = 0; s < o.test.steps.size(); ++s) {
     const StepRecord &b = o.baseline.steps.at(s), &t = o.test.steps.at(s);
     const int step = static_cast<int>(s);
-    double step_scale = 0.0;  // the largest |gradient| of the step, for the multi-path bound
-    for (size_t k = 0; k < names.size(); ++k)
-      if (b.grad_defined[k])
-        for (double v : b.grads.items[k].data) step_scale = std::max(step_scale, std::abs(v));
-    for (const auto& d : b.dx)
-      for (double v : d) step_scale = std::max(step_scale, std::abs(v));
-    // A clipping hook records clipped gradients; the rounding comes from the unclipped ones.
-    step_scale = std::max(step_scale, b.hook_input_max);
+    // The largest |gradient| of the step (a clipping hook's unclipped input included: the rounding
+    // comes from the unclipped gradients), for every rounding bound.
+    const double step_scale = step_gradient_scale(b);
     const Tolerance reorder = reorder_tolerance(c.precision, paths, step_scale);
     const StepRecord* design = o.design_ran && s < o.design.steps.size() ? &o.design.steps[s] : nullptr;
     std::vector<std::optional<Tolerance>> grad_tols(names.size());  // as judged (none: not judged)

@@ -929,6 +929,16 @@ RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options
   return r;
 }
 
+double step_gradient_scale(const StepRecord& b) {
+  double scale = b.hook_input_max;
+  for (size_t k = 0; k < b.grads.items.size(); ++k)
+    if (b.grad_defined[k])
+      for (double v : b.grads.items[k].data) scale = std::max(scale, std::abs(v));
+  for (const auto& d : b.dx)
+    for (double v : d) scale = std::max(scale, std::abs(v));
+  return scale;
+}
+
 namespace {
 // Whether every gradient and x.grad of the run under test is within the tightest fixed bound
 // grad-baseline applies (reorder_tolerance of the step's largest gradient): then the measured floor
@@ -944,13 +954,7 @@ bool within_fixed_bound(const Observations& o) {
   };
   for (size_t s = 0; s < o.test.steps.size() && s < o.baseline.steps.size(); ++s) {
     const StepRecord &t = o.test.steps[s], &b = o.baseline.steps[s];
-    double scale = b.hook_input_max;
-    for (size_t k = 0; k < b.grads.items.size(); ++k)
-      if (b.grad_defined[k])
-        for (double v : b.grads.items[k].data) scale = std::max(scale, std::abs(v));
-    for (const auto& d : b.dx)
-      for (double v : d) scale = std::max(scale, std::abs(v));
-    const double atol = reorder_tolerance(o.c.precision, paths, scale).atol;
+    const double atol = reorder_tolerance(o.c.precision, paths, step_gradient_scale(b)).atol;
     for (size_t k = 0; k < b.grads.items.size() && k < t.grads.items.size(); ++k)
       if (b.grad_defined[k] && t.grad_defined[k] && !within(t.grads.items[k].data, b.grads.items[k].data, atol))
         return false;

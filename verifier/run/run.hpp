@@ -244,6 +244,10 @@ class TrainingRun {
   std::unique_ptr<Impl> impl_;
 };
 
+// The largest |gradient| of a step: every defined parameter gradient, x.grad, and what a gradient hook
+// received before it clipped (grad-baseline's scale for its rounding bounds).
+double step_gradient_scale(const StepRecord& b);
+
 // The gradient hook of the Case, as applied to a gradient.
 double apply_hook(Hook h, double g);
 
