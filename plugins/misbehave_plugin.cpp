@@ -1,14 +1,19 @@
 // plugins/misbehave_plugin.cpp: an implementation that breaks the process it runs in, for the isolation
 // tests: on its `at`-th segment call (default 1) it segfaults (mode=segv), aborts (abort), hangs
 // (hang), throws something that is not a std::exception (throw), exits the process (exit), or forks a
-// process that sleeps for five minutes holding the standard streams and carries on (fork); before
-// that it checkpoints nothing (runs the segment plainly, which is a correct, memory-hungry
-// "implementation").
+// process that sleeps for five minutes holding the standard streams and carries on (fork), forks a
+// process that carries on as well, running the rest of ckverify's code (forkrun), writes forged
+// answers and reports on every close-on-exec pipe and exits (forge), reads its standard input to the
+// end and closes it, then carries on (stdin), or closes every descriptor above stderr and carries on
+// (closefds); before that it checkpoints nothing (runs the segment plainly, which is a correct,
+// memory-hungry "implementation").
 #include <csignal>
 #include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "verifier/impls/plugin.hpp"
@@ -29,6 +34,25 @@ class Misbehave : public ckv::CheckpointImpl {
         ::sleep(300);
         ::_exit(0);
       }
+      if (mode_ == "forkrun") ::fork();
+      if (mode_ == "forge") {
+        const std::string lie = "{\"findings\":[]}\n1 {\"findings\":[]}\nr0\n";
+        for (int fd = 3; fd < 1024; ++fd) {  // pipes opened in this process (close-on-exec), not inherited ones
+          struct stat st {};
+          const int flags = ::fcntl(fd, F_GETFD);
+          if (flags >= 0 && (flags & FD_CLOEXEC) && ::fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode))
+            (void)!::write(fd, lie.data(), lie.size());
+        }
+        ::_exit(0);
+      }
+      if (mode_ == "stdin") {
+        char buf[4096];
+        while (::read(0, buf, sizeof buf) > 0) {
+        }
+        ::close(0);
+      }
+      if (mode_ == "closefds")
+        for (int fd = 3; fd < 1024; ++fd) ::close(fd);
     }
     return call.fn(call.args);
   }
@@ -43,12 +67,14 @@ ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
   std::string mode = "segv";
   int at = 1;
   for (const auto& [k, v] : o) {
-    if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit" || v == "fork"))
+    if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit" || v == "fork" ||
+                        v == "forkrun" || v == "forge" || v == "stdin" || v == "closefds"))
       mode = v;
     else if (k == "at")
       at = std::stoi(v);
     else
-      throw std::invalid_argument("unknown option " + k + "=" + v + " (mode=segv|abort|hang|throw|exit|fork, at=N)");
+      throw std::invalid_argument("unknown option " + k + "=" + v +
+                                  " (mode=segv|abort|hang|throw|exit|fork|forkrun|forge|stdin|closefds, at=N)");
   }
   return new Misbehave(mode, at);
 }

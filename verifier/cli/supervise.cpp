@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "verifier/case/case.hpp"
+#include "verifier/cli/workers.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/progress.hpp"
 
@@ -27,8 +28,10 @@ constexpr int kExitFailed = 1, kExitUsage = 2, kExitInternal = 3;
 
 // ---- the child's side ----
 int report_fd = -1;
+std::string token;  // made by the parent before the fork; every message starts with it
 
-void send(const std::string& line) {
+void send(std::string line) {
+  line = token + " " + line;
   for (size_t done = 0; done < line.size();) {
     const ssize_t n = ::write(report_fd, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
@@ -92,8 +95,13 @@ std::string signal_name(int sig) {
 
 int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   std::cout.flush(), std::cerr.flush();
+  token = channel_token();
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  for (int& fd : fds) {  // above the descriptors an implementation would guess at
+    const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, 100);
+    if (high >= 0) ::close(fd), fd = high;
+  }
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]), ::close(fds[1]);
@@ -114,6 +122,7 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   using Clock = std::chrono::steady_clock;
   auto last_progress = Clock::now(), last_loop = last_progress;
   std::vector<std::string> foreign;  // specs of code from outside ckverify, in load order
+  std::string forged;                // the first line on the pipe that the child's ckverify did not write
   int reported = -1;                 // the child's own exit code
   bool escaped = false, stalled = false, killed_by_us = false;
   int forwarded = 0;
@@ -131,7 +140,12 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
         if (got > 0) {
           buffer.append(chunk, static_cast<size_t>(got));
           for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
-            const std::string line = buffer.substr(0, nl);
+            std::string line = buffer.substr(0, nl);
+            if (line.compare(0, token.size() + 1, token + " ") != 0) {  // not written by ckverify
+              if (forged.empty()) forged = line.empty() ? std::string("(an empty line)") : line;
+              continue;
+            }
+            line.erase(0, token.size() + 1);
             if (line.empty()) continue;
             if (line[0] == 'p') last_progress = Clock::now();
             if (line[0] == 'f') foreign.push_back(line.substr(1)), last_progress = Clock::now();
@@ -179,12 +193,21 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr),
       ::sigaction(SIGHUP, &old_hup, nullptr);
 
-  if (reported >= 0) return reported;
+  // The exit code the child reported counts when the child then ended with it (or lingered after it
+  // and was killed); anything else means the report was not the child's last word.
+  const bool ended_as_reported =
+      reported >= 0 && ((WIFEXITED(status) && WEXITSTATUS(status) == (reported & 0xff)) || (killed_by_us && !stalled));
+  if (ended_as_reported && forged.empty()) return reported;
   if (forwarded) return 128 + forwarded;
   const std::string who =
       foreign.empty() ? "" : "the implementation " + sanitize(foreign.back(), 200) + " (loaded in this run)";
   std::string what;
-  if (stalled)
+  if (!forged.empty())
+    what = fmt::format(
+        "wrote on ckverify's report pipe: a line ckverify did not write (\"{}\"); the implementation, or a process "
+        "it forked, writes on descriptors it does not own",
+        sanitize(forged, 60));
+  else if (stalled)
     what = fmt::format("made no progress for {:g} s (a hang; --stall-timeout raises the limit for slower steps)",
                        o.stall_timeout_s);
   else if (escaped)

@@ -5,7 +5,11 @@
 // the parent through a pipe when it starts loading code from outside ckverify (a plugin, a Python
 // module), when the run stage starts a micro-batch (progress.hpp), and its exit code just before it
 // leaves with _exit (static destructors do not run). The parent turns what happened into a verdict:
-//   - the child reported its exit code: that code;
+// Every message starts with a random token made before the fork (workers.hpp: channel_token), and the
+// child's reported exit code counts only when the child then ends with it.
+//   - the child reported its exit code and ended with it: that code;
+//   - a line on the pipe that the child's ckverify did not write (the implementation, or a process it
+//     forked, writing on a descriptor it does not own): the loaded implementation's finding (exit 1);
 //   - it died of a signal, ended the process itself (exit(), os._exit()) before reporting, let an
 //     exception that is not a std::exception escape, or made no progress for --stall-timeout seconds:
 //     the loaded implementation's finding (exit 1, one line naming it and what happened) when code from

@@ -11,11 +11,16 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
 
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/search.hpp"
@@ -94,30 +99,89 @@ std::vector<Finding> findings_from_line(const std::string& line) {
   return fs;
 }
 
+namespace {
+// The worker's private ends of the channel, moved off fd 0 and fd 3 before any implementation code runs.
+int request_fd = -1, answer_fd = -1;
+
+// Reads one line from fd (without the newline); false at end of file.
+bool read_line(int fd, std::string& buffer, std::string& line) {
+  for (;;) {
+    const size_t nl = buffer.find('\n');
+    if (nl != std::string::npos) {
+      line = buffer.substr(0, nl);
+      buffer.erase(0, nl + 1);
+      return true;
+    }
+    char chunk[65536];
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    buffer.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+void kill_own_group(int) {
+  // The worker leads its process group (the parent starts it so): what the implementation forked dies
+  // with it. A worker started some other way kills only itself.
+  ::kill(::getpgrp() == ::getpid() ? 0 : ::getpid(), SIGKILL);
+}
+}  // namespace
+
 int worker_main(const std::string& impl, int threads) {
-  // A worker never outlives ckverify, even one killed with SIGKILL while this worker hangs in a case.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() == 1) return 0;
-  ::dup2(STDERR_FILENO, STDOUT_FILENO);  // whatever the implementation prints goes to stderr
-  auto answer = [](const std::string& line) {
-    if (!write_all(3, line + "\n")) std::_Exit(0);  // the parent is gone
+  // A worker never outlives ckverify, even one killed with SIGKILL while this worker hangs in a case:
+  // the parent's death sends SIGTERM, which kills the worker's whole process group; a watchdog thread
+  // does the same should the implementation clear PR_SET_PDEATHSIG or take over SIGTERM.
+  std::signal(SIGTERM, kill_own_group);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  const pid_t parent = ::getppid();
+  if (parent == 1) return 0;
+  std::thread([parent] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      if (::getppid() != parent) kill_own_group(0);
+    }
+  }).detach();
+  // The channel moves to private descriptors, closed on exec; the implementation sees /dev/null as its
+  // standard input and its standard output goes to stderr, so it can neither read the requests, nor
+  // close them, nor write into the answers by printing.
+  request_fd = ::fcntl(0, F_DUPFD_CLOEXEC, 100);
+  answer_fd = ::fcntl(3, F_DUPFD_CLOEXEC, 100);
+  if (request_fd < 0 || answer_fd < 0) return 3;
+  ::close(3);
+  const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null >= 0) ::dup2(null, 0), ::close(null);
+  ::dup2(STDERR_FILENO, STDOUT_FILENO);
+  // Every answer carries the token the parent sent first (before any implementation code ran) and the
+  // number of the request it answers; a process the implementation forked never answers.
+  const pid_t self = ::getpid();
+  std::string buffer, token;
+  if (!read_line(request_fd, buffer, token)) return 0;
+  auto answer = [&](const std::string& seq, const std::string& payload) {
+    if (::getpid() != self) ::_exit(0);
+    if (!write_all(answer_fd, token + " " + seq + " " + payload + "\n")) std::_Exit(0);  // the parent is gone
+  };
+  auto error = [](const std::string& what, const char* kind) {
+    return json{{"error", what}, {"kind", kind}}.dump(-1, ' ', false, json::error_handler_t::replace);
   };
   torch::set_num_threads(std::max(1, threads));
   try {
     make_impl(impl);
   } catch (const std::exception& e) {
-    answer(json{{"error", e.what()}, {"kind", "usage"}}.dump(-1, ' ', false, json::error_handler_t::replace));
+    answer("0", error(e.what(), "usage"));
     return 0;
   }
-  answer(R"({"ready":true})");
+  answer("0", R"({"ready":true})");
   std::string line;
-  while (std::getline(std::cin, line)) {
+  while (read_line(request_fd, buffer, line)) {
+    const size_t space = line.find(' ');
+    if (space == std::string::npos) return 3;
+    const std::string seq = line.substr(0, space);
     try {
-      answer(findings_to_line(run_checks(case_from_json(line))));
+      answer(seq, findings_to_line(run_checks(case_from_json(line.substr(space + 1)))));
     } catch (const EnvironmentError& e) {
-      answer(json{{"error", e.what()}, {"kind", "environment"}}.dump(-1, ' ', false, json::error_handler_t::replace));
+      answer(seq, error(e.what(), "environment"));
     } catch (const std::exception& e) {
-      answer(json{{"error", e.what()}, {"kind", "internal"}}.dump(-1, ' ', false, json::error_handler_t::replace));
+      answer(seq, error(e.what(), "internal"));
     }
   }
   return 0;
@@ -127,32 +191,45 @@ struct WorkerPool::Worker {
   pid_t pid = -1;
   int to = -1, from = -1;  // request pipe (write end), answer pipe (read end)
   std::string buffer;
-  int task = -1;  // index of the Case it runs, -1 when idle
-  Clock::time_point deadline;
+  std::string token;  // sent first; every answer starts with it
+  int task = -1;      // index of the Case it runs, -1 when idle
+  int last = -1;      // index of the Case it ran last in this run(), -1 if none
+  uint64_t seq = 0;   // the number of the request it runs
+  Clock::time_point deadline, checked;
 };
 
-WorkerPool::WorkerPool(WorkerOptions o) : o_(std::move(o)) {
-  std::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take ckverify with it
-  for (int i = 0; i < std::max(1, o_.workers); ++i) workers_.push_back(std::make_unique<Worker>());
-}
-
-WorkerPool::~WorkerPool() {
-  for (auto& w : workers_) stop(*w);
-}
-
-void WorkerPool::stop(Worker& w) {
-  if (w.pid > 0) {
-    ::kill(w.pid, SIGKILL);
-    int status = 0;
-    while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
-  if (w.to >= 0) ::close(w.to);
-  if (w.from >= 0) ::close(w.from);
-  w = Worker{};
+std::string channel_token() {
+  std::random_device rd;
+  std::string t;
+  for (int k = 0; k < 4; ++k) t += fmt::format("{:08x}", rd());
+  return t;
 }
 
 namespace {
+
+// The cgroup's count of out-of-memory kills (cgroup v2 memory.events), where there is one.
+std::optional<long> oom_kills() {
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(cg, line))
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  if (path.empty()) return std::nullopt;
+  std::ifstream ev("/sys/fs/cgroup" + path + "/memory.events");
+  std::string key;
+  long n = 0;
+  while (ev >> key >> n)
+    if (key == "oom_kill") return n;
+  return std::nullopt;
+}
+
+// Whether the process is stopped (SIGSTOP, SIGTSTP, a tracer), from /proc/PID/stat.
+bool stopped(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
+}
+
 // Reads what is there; returns false at end of file (the worker is gone).
 bool read_some(int fd, std::string& buffer) {
   char chunk[65536];
@@ -172,7 +249,45 @@ std::optional<std::string> take_line(std::string& buffer) {
   buffer.erase(0, nl + 1);
   return line;
 }
+
+// The payload of an answer to request `seq`, or nothing when the line is not one the worker wrote.
+std::optional<json> payload(const std::string& line, const std::string& token, uint64_t seq) {
+  const std::string head = token + " " + std::to_string(seq) + " ";
+  if (line.compare(0, head.size(), head) != 0) return std::nullopt;
+  json j = json::parse(line.begin() + static_cast<std::ptrdiff_t>(head.size()), line.end(), nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  return j;
+}
+
+std::string forged(const std::string& line) {
+  return fmt::format(
+      "wrote on ckverify's answer channel: a line the worker did not write ({} bytes, \"{}\"); the "
+      "implementation, or a process it forked, writes on descriptors it does not own",
+      line.size(), sanitize(line, 60));
+}
 }  // namespace
+
+WorkerPool::WorkerPool(WorkerOptions o) : o_(std::move(o)), oom_at_start_(oom_kills()) {
+  std::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take ckverify with it
+  for (int i = 0; i < std::max(1, o_.workers); ++i) workers_.push_back(std::make_unique<Worker>());
+}
+
+WorkerPool::~WorkerPool() {
+  for (auto& w : workers_) stop(*w);
+}
+
+void WorkerPool::stop(Worker& w) {
+  if (w.pid > 0) {
+    ::kill(-w.pid, SIGKILL);  // its process group: what the implementation forked goes too
+    ::kill(w.pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (w.to >= 0) ::close(w.to);
+  if (w.from >= 0) ::close(w.from);
+  w = Worker{};
+}
 
 void WorkerPool::start(Worker& w) {
   static const std::string exe = self_exe();
@@ -183,14 +298,19 @@ void WorkerPool::start(Worker& w) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, req[0], 0);
   posix_spawn_file_actions_adddup2(&fa, ans[1], 3);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // a process group of its own, killed whole
+  posix_spawnattr_setpgroup(&attr, 0);
   const std::string threads = std::to_string(std::max(1, o_.threads));
   std::vector<std::string> args = {"ckverify", "worker", "--impl", o_.impl, "--threads", threads};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   ::close(req[0]);
   ::close(ans[1]);
   if (rc != 0) {
@@ -199,14 +319,21 @@ void WorkerPool::start(Worker& w) {
     throw std::runtime_error(std::string("cannot start a worker process: ") + std::strerror(rc));
   }
   w.pid = pid, w.to = req[1], w.from = ans[0];
+  w.token = channel_token();
+  if (!write_all(w.to, w.token + "\n")) {
+    stop(w);
+    throw std::runtime_error("a worker process ended before it was sent its first request");
+  }
   // The worker loads the implementation first and says whether it could.
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(std::max(60.0, o_.case_timeout_s)));
   for (;;) {
     if (auto line = take_line(w.buffer)) {
-      const json j = json::parse(*line, nullptr, false);
-      if (j.is_object() && j.contains("ready")) return;
-      const std::string why = j.is_object() && j.contains("error") ? j["error"].get<std::string>() : *line;
+      const auto j = payload(*line, w.token, 0);
+      if (j && j->contains("ready")) return;
+      std::string why = j && j->contains("error") && (*j)["error"].is_string()
+                            ? (*j)["error"].get<std::string>()
+                            : "while loading, the implementation " + forged(*line);
       stop(w);
       throw UsageError(sanitize(o_.impl, 200) + ": " + sanitize(why, 300));
     }
@@ -233,21 +360,80 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
   std::vector<std::optional<std::vector<Finding>>> out(cases.size());
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.case_timeout_s));
   size_t next = 0;
+  for (auto& w : workers_) w->last = -1;
   auto finish = [&](Worker& w, std::vector<Finding> fs) {
     out[static_cast<size_t>(w.task)] = std::move(fs);
+    w.last = w.task;
     w.task = -1;
   };
+  // The Case the worker ran is a finding of the implementation; the worker is replaced.
   auto lost = [&](Worker& w, const std::string& what) {
+    const int task = w.task;
+    stop(w);
+    w.task = task;
     finish(w, {Finding::fail("completes", -1, "worker process",
                              "the run under test " + what + "; the worker was replaced and the run went on")});
+    progress();
   };
+  // A worker that died: its Case is the implementation's finding, unless something outside ckverify
+  // killed it (SIGKILL is never the implementation's own crash: the out-of-memory killer, a memory
+  // limit, a user), which is the environment's (exit 2) and judges nothing.
+  auto died = [&](Worker& w) {
+    int status = 0;
+    bool gone = false;
+    for (int k = 0; k < 40 && !gone; ++k) {
+      gone = ::waitpid(w.pid, &status, WNOHANG) == w.pid;
+      if (!gone) ::usleep(50 * 1000);
+    }
+    if (!gone) {  // alive, with its end of the channel closed
+      lost(w, "closed ckverify's answer channel (a descriptor of the worker's own)");
+      return;
+    }
+    w.pid = -1;
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+      const auto oom = oom_kills();
+      const std::string why =
+          oom && oom_at_start_ && *oom > *oom_at_start_
+              ? fmt::format(
+                    "the kernel's out-of-memory killer (this cgroup's memory.events counts {} oom_kill "
+                    "since the run started)",
+                    *oom - *oom_at_start_)
+              : std::string("the kernel's out-of-memory killer under a memory limit, or a user");
+      stop(w);
+      throw EnvironmentError("a worker process was killed by SIGKILL from outside ckverify (" + why +
+                             ") while it ran a case; nothing was judged");
+    }
+    lost(w, "crashed the worker process (" + describe_exit(status) + ")");
+  };
+  auto expected_wake = Clock::now();
   for (;;) {
     for (auto& w : workers_) {
       if (w->task >= 0 || next >= cases.size() || Clock::now() >= deadline) continue;
       if (w->pid < 0) start(*w);
+      // Something the worker did not write arrived after its last answer: the implementation's doing,
+      // a finding of the Case it ran last (or, from an earlier batch, of the one it takes now); the
+      // worker is replaced.
+      pollfd p{w->from, POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0) {
+        std::string junk;
+        read_some(w->from, junk);
+        const std::string what = "the run under test " + forged(junk) + "; the worker was replaced";
+        if (w->last >= 0) {
+          out[static_cast<size_t>(w->last)] =
+              std::vector<Finding>{Finding::fail("completes", -1, "worker process", what)};
+          stop(*w);
+          start(*w);
+        } else {
+          w->task = static_cast<int>(next++);
+          lost(*w, forged(junk));
+          continue;
+        }
+      }
       w->task = static_cast<int>(next);
+      w->seq = ++seq_;
       w->deadline = Clock::now() + timeout;
-      const std::string line = json::parse(to_json(cases[next])).dump() + "\n";
+      w->checked = Clock::now();
+      const std::string line = std::to_string(w->seq) + " " + json::parse(to_json(cases[next])).dump() + "\n";
       ++next;
       if (!write_all(w->to, line)) {
         int status = 0;
@@ -259,7 +445,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
     }
     std::vector<pollfd> polls;
     std::vector<Worker*> busy;
-    auto wait_until = Clock::time_point::max();
+    auto wait_until = Clock::now() + std::chrono::milliseconds(500);  // wakes to see stopped workers
     for (auto& w : workers_)
       if (w->task >= 0) {
         polls.push_back({w->from, POLLIN, 0});
@@ -276,38 +462,51 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
     }
     wait_until = std::min(wait_until, deadline);
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wait_until - Clock::now()).count() + 1;
+    expected_wake = std::max(Clock::now(), wait_until);
     const int n = ::poll(polls.data(), polls.size(), static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30)));
     if (n < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
+    const auto now = Clock::now();
+    // ckverify itself did not run (a suspended job, a frozen container): the time is no case's.
+    if (now > expected_wake + std::chrono::seconds(1))
+      for (Worker* w : busy) w->deadline += now - expected_wake;
     for (size_t k = 0; k < busy.size(); ++k) {
       Worker& w = *busy[k];
+      // A worker stopped on its own (SIGSTOP to it, a debugger) does not spend its Case's time.
+      if (stopped(w.pid)) w.deadline += now - w.checked;
+      w.checked = now;
       if (n > 0 && polls[k].revents != 0) {
         if (!read_some(w.from, w.buffer)) {  // the worker died with the Case
-          int status = 0;
-          ::waitpid(w.pid, &status, 0);
-          w.pid = -1;
-          const int task = w.task;
-          stop(w);
-          w.task = task;
-          lost(w, "crashed the worker process (" + describe_exit(status) + ")");
-          progress();
+          died(w);
           continue;
         }
         if (auto line = take_line(w.buffer)) {
-          const json j = json::parse(*line, nullptr, false);
-          if (j.is_object() && j.contains("error")) {
-            const std::string why = j["error"].get<std::string>();
-            if (j.value("kind", "") == "environment") throw EnvironmentError(why);
+          const auto j = payload(*line, w.token, w.seq);
+          if (!j || !w.buffer.empty()) {
+            lost(w, forged(j ? w.buffer : *line));
+            continue;
+          }
+          if (j->contains("error")) {
+            const std::string why = (*j)["error"].is_string() ? (*j)["error"].get<std::string>() : j->dump();
+            if (j->value("kind", "") == "environment") throw EnvironmentError(why);
             throw std::runtime_error(why);
           }
-          finish(w, findings_from_line(*line));
+          std::vector<Finding> fs;
+          try {
+            fs = findings_from_line(j->dump());
+          } catch (const std::exception&) {
+            lost(w, forged(*line));
+            continue;
+          }
+          finish(w, std::move(fs));
           progress();  // a Case verified (the supervisor of bench's verified column: supervise.hpp)
+          continue;
+        }
+        if (w.buffer.size() > (64u << 20)) {
+          lost(w, forged(w.buffer));
           continue;
         }
       }
       if (Clock::now() >= w.deadline) {
-        const int task = w.task;
-        stop(w);
-        w.task = task;
         lost(w, fmt::format("did not finish within the per-case timeout of {:g} s (--case-timeout): it hangs, or "
                             "is far slower than the baseline",
                             o_.case_timeout_s));

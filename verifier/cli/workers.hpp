@@ -1,11 +1,22 @@
 // verifier/cli/workers.hpp: the implementation under test runs in worker processes, never in ckverify's
-// own. A worker is ckverify itself (`ckverify worker`, started with posix_spawn from /proc/self/exe) that
-// loads the implementation once, then reads one Case per line on stdin and answers each with the
-// findings on fd 3 (its stdout goes to stderr, so an implementation that prints cannot corrupt the
-// answers). A worker that dies (segfault, abort, an exception escaping everything) or runs a Case past
-// the per-case timeout is killed and replaced; the Case gets a `completes` failure naming the signal or
-// the timeout, and the run goes on. Results come back in the order of the Cases given, whichever worker
-// ran them, so a search over them is the same for any number of workers.
+// own. A worker is ckverify itself (`ckverify worker`, started with posix_spawn from /proc/self/exe, in
+// a process group of its own) that loads the implementation once, then reads one numbered Case per
+// line and answers each with the findings. The channel is the worker's own: before any implementation
+// code runs, the request and answer pipes move to private close-on-exec descriptors, standard input
+// becomes /dev/null and standard output goes to stderr, so an implementation that prints, reads stdin
+// or closes it cannot touch the answers. Every answer starts with a random token the parent sent first
+// and the number of the request it answers, and a process the implementation forked never answers: a
+// line that is not such an answer (written by the implementation on a descriptor it does not own) is a
+// `completes` failure of the Case, and the worker is replaced.
+// A worker that dies (segfault, abort, an exception escaping everything) or runs a Case past the
+// per-case timeout is killed with its process group and replaced; the Case gets a `completes` failure
+// naming the signal or the timeout, and the run goes on. A worker killed by SIGKILL that ckverify did
+// not send (the out-of-memory killer, a user) is the environment's: EnvironmentError, nothing judged.
+// Time a worker spends stopped (SIGSTOP), or that ckverify itself spends suspended, is not counted
+// against the per-case timeout. Workers die with ckverify (PR_SET_PDEATHSIG, and a watchdog thread
+// for an implementation that clears it), and take their process group with them.
+// Results come back in the order of the Cases given, whichever worker ran them, so a search over them
+// is the same for any number of workers.
 #pragma once
 
 #include <chrono>
@@ -44,10 +55,16 @@ class WorkerPool {
   void stop(Worker& w);
   WorkerOptions o_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  uint64_t seq_ = 0;                  // requests sent, numbering them
+  std::optional<long> oom_at_start_;  // the cgroup's oom_kill count when the pool started
 };
 
-// `ckverify worker`: the loop a worker runs (fd 0 requests, fd 3 answers).
+// `ckverify worker`: the loop a worker runs (started with the requests on fd 0, the answers on fd 3).
 int worker_main(const std::string& impl, int threads);
+
+// 128 random bits in hex: what every message on a channel from ckverify's own code in an
+// implementation's process starts with, so that a line the implementation writes there is told apart.
+std::string channel_token();
 
 // The Findings of one Case as one JSON line and back (the worker protocol).
 std::string findings_to_line(const std::vector<Finding>& fs);

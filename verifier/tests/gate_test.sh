@@ -70,6 +70,45 @@ start=$(date +%s)
 grep -q "digest" fork.txt || bad "train with a forking plugin: no digest"
 [ $(( $(date +%s) - start )) -le 60 ] || bad "a process forked by the plugin held train's output for $(( $(date +%s) - start )) s"
 
+# The answer channel is the worker's own: a plugin that writes forged answers on ckverify's pipes is a
+# finding of the case (not a pass, not a shifted result); one that forks a process carrying on into
+# ckverify's code, or reads and closes its stdin, gets the verdict of the same plugin that does not
+# (the plain run: recompute-count); one that closes every descriptor is a finding, not a hang.
+expect 1 "a plugin that forges answers" -- "$ck" check --impl "$mis:mode=forge" --plan block --cases 3 -j 2 --json forge.json
+grep -q "^FAILED completes" out.txt || { bad "forge: headline"; cat out.txt; }
+grep -q "answer channel" forge.json || { bad "forge: the forged line is not named"; cat out.txt; }
+sv_case sv-forge.json forge
+expect 1 "train: a plugin that forges the report pipe" -- "$ck" train sv-forge.json
+grep -q "^FAIL: .*mode=forge.*report pipe" out.txt || { bad "train forge: no FAIL line"; cat out.txt err.txt; }
+expect 1 "the plain plugin (control)" -- "$ck" check --impl "$mis:mode=hang,at=1000000" --plan block --cases 3 -j 2
+control=$(grep "^FAILED" out.txt)
+[ "$control" = "FAILED recompute-count" ] || { bad "plain plugin: $control"; cat out.txt; }
+for mode in forkrun stdin; do
+  expect 1 "a plugin that does $mode" -- "$ck" check --impl "$mis:mode=$mode" --plan block --cases 3 -j 2
+  [ "$(grep "^FAILED" out.txt)" = "$control" ] || { bad "$mode: not the plain plugin's verdict"; cat out.txt; }
+done
+start=$(date +%s)
+expect 1 "a plugin that closes every descriptor" -- "$ck" check --impl "$mis:mode=closefds" --plan block --cases 3 -j 2
+grep -q "^FAILED completes" out.txt || { bad "closefds: headline"; cat out.txt; }
+[ $(( $(date +%s) - start )) -le 90 ] || bad "closefds took $(( $(date +%s) - start )) s"
+pgrep -f "$mis:mode=forkrun" >/dev/null && { bad "a process forked by the plugin outlived check"; pkill -9 -f "$mis:mode=forkrun"; }
+
+# Blame: a worker killed by SIGKILL from outside (the OOM killer, a user) is the environment's, exit 2,
+# one line, nothing shrunk; time the job spends stopped is not a case's (the whole job, ckverify and
+# its worker, stopped mid-case for longer than --case-timeout, then continued, still passes).
+"$ck" check --impl "$mis:mode=hang,at=2" --plan block --cases 2 -j 1 --case-timeout 300 >out.txt 2>err.txt &
+pid=$!; sleep 6
+kill -KILL $(pgrep -P $pid) 2>/dev/null; wait $pid; rc=$?
+[ $rc = 2 ] || { bad "a worker killed from outside: exit $rc, not 2"; cat out.txt err.txt; }
+grep -q "killed by SIGKILL from outside ckverify" err.txt || { bad "outside kill: not named"; cat err.txt; }
+one_line_error "outside kill"
+"$ck" case layers=8 d=96 heads=4 seq=96 batch=4 steps=3 plan=every2 > slow.json
+"$ck" repro slow.json --case-timeout 8 >out.txt 2>err.txt &
+pid=$!; sleep 3
+kill -STOP $pid $(pgrep -P $pid); sleep 10; kill -CONT $(pgrep -P $pid) $pid
+wait $pid; rc=$?
+[ $rc = 0 ] || { bad "a job stopped for 10 s mid-case: exit $rc, not 0"; cat out.txt err.txt; }
+
 # Workers die with ckverify: a run stopped by SIGTERM (a CI timeout) leaves no worker behind.
 "$ck" check --impl "$mis:mode=hang,at=2" --plan block --cases 2 -j 2 --case-timeout 300 >/dev/null 2>&1 &
 pid=$!; sleep 8; kill -TERM $pid; wait $pid 2>/dev/null; sleep 2
