@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ci/frameworks.sh [--no-setup]: gates the checkpointing of the frameworks in ci/frameworks.txt (fairscale,
 # DeepSpeed, transformers) and torch's own wrappers, each with one --impl/--strategy flag, and checks
-# that every verdict is still the one the README's framework table records: "pass", or the property
+# that every verdict is still the one the framework table in docs/findings.md records: "pass", or the property
 # whose failure the table describes. Then replays fixtures/frameworks/NAME__PROPERTY.json: PROPERTY
 # must fail on each. Exit 0 when every verdict is as recorded, 1 when one changed (a framework fixed a
 # bug, or ckverify's verdict moved: either way the table needs a look), 2 when it cannot run.

@@ -1,5 +1,5 @@
-# docs/torch_reentrant_autocast_cache.py: plain PyTorch, no ckverify. The check behind the README's
-# finding on torch.utils.checkpoint(use_reentrant=True) under bf16 autocast: two post-norm blocks, trained
+# docs/torch_reentrant_autocast_cache.py: plain PyTorch, no ckverify. The check behind the finding in
+# docs/findings.md on torch.utils.checkpoint(use_reentrant=True) under bf16 autocast: two post-norm blocks, trained
 # one step without checkpointing, with use_reentrant=True and with use_reentrant=False; gradients compared
 # bitwise. Run it twice: as is (autocast's cast cache on: reentrant differs, non-reentrant does not), and
 # with cache_enabled=False in the torch.autocast call (both equal): the difference is autocast caching the

@@ -31,7 +31,7 @@ struct Finding {
 
 struct Property {
   std::string name;
-  std::string holds_when;  // one line, as the README's table and `ckverify list` print it
+  std::string holds_when;  // one line, as `ckverify list` prints it
   std::function<Finding(const Observations&)> judge;
 };
 

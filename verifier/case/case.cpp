@@ -274,7 +274,7 @@ const std::vector<Field>& fields() {
       Field f;
       f.key = "fx";
       f.values = "none|counter,log,bn,noise,cache,external";
-      f.help = "side-effecting modules after every block's FFN half (a comma list; see README, Side effects)";
+      f.help = "side-effecting modules after every block's FFN half (a comma list; see docs/side-effects.md)";
       f.always = false;
       f.get = [](const Case& c) { return json(effects_to_string(c.model.effects)); };
       f.set = [](Case& c, const json& j) {
@@ -348,7 +348,7 @@ const std::vector<Field>& fields() {
       Field f;
       f.key = "plan";
       f.values = kPlanSpellings;
-      f.help = "checkpoint plan (see README, Plans)";
+      f.help = "checkpoint plan (see docs/case-fields.md, Plans)";
       f.get = [](const Case& c) { return json(c.plan.to_string()); };
       f.set = [](Case& c, const json& j) {
         if (!j.is_string()) fail("plan must be a string (" + std::string(kPlanSpellings) + "), got " + quoted(j));
