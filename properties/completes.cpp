@@ -13,8 +13,10 @@ Finding judge(const Observations& o) {
   const RunRecord& t = o.test;
   if (t.completed) return Finding::pass(kName, fmt::format("{} step(s) completed", t.steps.size()));
   const std::string phase = t.error_phase <= 0 ? "forward" : fmt::format("backward pass {}", t.error_phase);
-  return Finding::fail(kName, t.error_step, fmt::format("step {} micro {} {}", t.error_step, t.error_micro, phase),
-                       "the run under test threw where the baseline did not: " + t.error);
+  Finding f = Finding::fail(kName, t.error_step, fmt::format("step {} micro {} {}", t.error_step, t.error_micro, phase),
+                            "the run under test threw where the baseline did not: " + t.error);
+  f.trace = t.error_trace;
+  return f;
 }
 }  // namespace
 

@@ -22,6 +22,7 @@ struct Finding {
   std::string where;       // failure: the first diverging tensor, site or segment
   std::string detail;      // failure: the one-line diagnosis; held: a summary; not applicable: the reason
   int step = -1;
+  std::string trace;  // failure: the implementation's traceback behind it (a Python exception), or empty
 
   static Finding pass(const std::string& property, std::string summary);
   static Finding fail(const std::string& property, int step, std::string where, std::string detail);

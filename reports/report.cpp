@@ -79,6 +79,20 @@ const Failure* failure_of(const Report& r, const std::string& name) {
   return nullptr;
 }
 
+// Lines after the first indented by `pad` (a multi-line field under its label).
+std::string indented(const std::string& text, const std::string& pad) {
+  std::string out;
+  for (char ch : text) out += ch == '\n' ? "\n" + pad : std::string(1, ch);
+  return out;
+}
+
+// Text inside a Markdown code fence: a line of backticks in it would close the fence.
+std::string fence_safe(const std::string& text) {
+  std::string out = text;
+  for (size_t at = 0; (at = out.find("```", at)) != std::string::npos;) out.replace(at, 3, "'''");
+  return out;
+}
+
 }  // namespace
 
 std::string to_console(const Report& r) {
@@ -89,6 +103,7 @@ std::string to_console(const Report& r) {
       out += fmt::format("{}FAILED {}{}\n  case:    {}\n  where:   {}\n  detail:  {}\n  seed:    {}\n", k ? "\n" : "",
                          f.property, n > 1 ? fmt::format(" (finding {} of {})", k + 1, n) : "", f.case_line, f.where,
                          f.detail, f.seed);
+      if (!f.trace.empty()) out += "  trace:   " + indented(f.trace, "           ") + "\n";
       for (const auto& [p, w] : f.also) out += fmt::format("  also:    {} failed at {}\n", p, w);
       if (!skipped_counts(r).empty())
         out += fmt::format("  skipped: {} (set aside: {})\n", skipped_counts(r), r.skip_reason);
@@ -181,6 +196,7 @@ std::string to_json(const Report& r) {
               {"case", json::parse(f.case_json)}, {"repro", f.repro}, {"seed", f.seed},     {"also", also}};
     if (f.passing_before >= 0) x["case_index"] = f.passing_before;
     if (!shrink_note.empty()) x["shrink_note"] = shrink_note;
+    if (!f.trace.empty()) x["trace"] = f.trace;
     return x;
   };
   if (r.failure) j["failure"] = failure_json(*r.failure, r.shrink_note);
@@ -216,9 +232,9 @@ std::string to_junit_xml(const Report& r) {
       out += fmt::format("<skipped message=\"set aside (--skip): {}; {}\"/>", xml_escape(r.skip_reason),
                          xml_escape(skipped_note(p)));
     } else if (const Failure* own = failure_of(r, p.name); p.failed && own) {
-      out += fmt::format("\n      <failure message=\"{}\">{}\ncase: {}\nseed: {}\n{}</failure>\n    ",
+      out += fmt::format("\n      <failure message=\"{}\">{}\ncase: {}\nseed: {}\n{}{}</failure>\n    ",
                          xml_escape(own->where), xml_escape(own->detail), xml_escape(own->case_line), own->seed,
-                         xml_escape(own->repro));
+                         xml_escape(own->repro), own->trace.empty() ? "" : "\n" + xml_escape(own->trace));
     } else if (p.failed && r.failure) {
       out += fmt::format("\n      <failure message=\"{}\">{}\ncase: {}\nseed: {}\n{}</failure>\n    ",
                          xml_escape(p.where), xml_escape(p.detail), xml_escape(r.failure->case_line), r.failure->seed,
@@ -261,6 +277,7 @@ std::string to_markdown(const Report& r) {
                        f.case_line, md_cell(f.where), md_cell(f.detail), f.seed);
     for (const auto& [p, w] : f.also) out += fmt::format("- also failed: {} at `{}`\n", p, w);
     if (!f.repro.empty()) out += fmt::format("- repro: `{}`\n", f.repro);
+    if (!f.trace.empty()) out += "\n```\n" + fence_safe(f.trace) + "\n```\n";
   }
   if (!r.error.empty()) out += "\nInternal error: " + r.error + "\n";
   return out;
@@ -343,6 +360,7 @@ Report from_json(const std::string& text) {
       x.passing_before = f.value("case_index", -1);
       for (const auto& a : f.at("also")) x.also.emplace_back(a.at("property"), a.at("where"));
       x.shrink_note = f.value("shrink_note", "");
+      x.trace = f.value("trace", "");
       return x;
     };
     if (j.contains("failure")) {

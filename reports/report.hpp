@@ -32,6 +32,7 @@ struct Failure {
   int passing_before = -1;                                // check only: passing cases before the first failure
   std::vector<std::pair<std::string, std::string>> also;  // other failing properties and where
   std::string shrink_note;  // how its shrinking ended (a further finding; the first's is Report::shrink_note)
+  std::string trace;        // the implementation's traceback behind it (a Python exception), or empty
 };
 
 struct Report {

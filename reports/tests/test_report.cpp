@@ -109,6 +109,27 @@ Report shard(int k, int n, std::vector<std::pair<int, std::string>> outcomes, in
   return r;
 }
 
+TEST(Report, APythonTracebackReachesEveryWriterWhole) {
+  Report r = failing();
+  r.failure->trace =
+      "Traceback (most recent call last):\n  File \"m.py\", line 3, in f\n    ```x <y>```\nValueError: boom";
+  const std::string console = to_console(r);
+  EXPECT_NE(console.find("  trace:   Traceback (most recent call last):\n             File \"m.py\", line 3, in f\n"),
+            std::string::npos)
+      << console;
+  EXPECT_EQ(nlohmann::json::parse(to_json(r))["failure"]["trace"], r.failure->trace);
+  EXPECT_EQ(from_json(to_json(r)).failure->trace, r.failure->trace);
+  const std::string xml = to_junit_xml(r);
+  EXPECT_NE(xml.find("ValueError: boom"), std::string::npos) << xml;
+  EXPECT_NE(xml.find("```x &lt;y&gt;```"), std::string::npos) << xml;
+  const std::string md = to_markdown(r);
+  EXPECT_NE(md.find("\n```\nTraceback (most recent call last):"), std::string::npos) << md;
+  EXPECT_EQ(md.find("```x"), std::string::npos) << "a fence inside the traceback closes the code block: " << md;
+  // No trace, no field and no line.
+  EXPECT_EQ(to_console(failing()).find("trace:"), std::string::npos);
+  EXPECT_FALSE(nlohmann::json::parse(to_json(failing()))["failure"].contains("trace"));
+}
+
 TEST(Report, JsonReadsBackWhatItWrote) {
   Report r = shard(2, 3, {{1, "HH"}, {4, "NF"}}, 4);
   const Report back = from_json(to_json(r));

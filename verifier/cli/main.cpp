@@ -65,6 +65,7 @@ report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, cons
   f.property = head.property;
   f.where = head.where;
   f.detail = head.detail;
+  f.trace = head.trace;
   f.case_line = to_line(c);
   f.case_json = to_json(c);
   f.repro = repro;

@@ -77,9 +77,11 @@ std::string self_exe() {
 
 std::string findings_to_line(const std::vector<Finding>& fs) {
   json a = json::array();
-  for (const auto& f : fs)
+  for (const auto& f : fs) {
     a.push_back(
         {{"p", f.property}, {"h", f.held}, {"a", f.applicable}, {"w", f.where}, {"d", f.detail}, {"s", f.step}});
+    if (!f.trace.empty()) a.back()["t"] = f.trace;
+  }
   return json{{"findings", a}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -94,6 +96,7 @@ std::vector<Finding> findings_from_line(const std::string& line) {
     x.where = f.at("w").get<std::string>();
     x.detail = f.at("d").get<std::string>();
     x.step = f.at("s").get<int>();
+    if (f.contains("t")) x.trace = f.at("t").get<std::string>();
     fs.push_back(std::move(x));
   }
   return fs;

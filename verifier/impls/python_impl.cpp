@@ -36,6 +36,7 @@
 #include "verifier/case/case.hpp"
 #include "verifier/checkpoint/segment_scope.hpp"
 #include "verifier/impls/loader.hpp"
+#include "verifier/impls/traced_error.hpp"
 
 namespace py = pybind11;
 
@@ -76,6 +77,8 @@ std::string python_package_dir() {
   return CKV_PYTHON_PKG;
 }
 
+std::string py_traceback(PyObject* type, PyObject* value, PyObject* tb);
+
 // One interpreter per process, started on first use and never finalized (torch does not support it);
 // the GIL is released once it is up.
 void ensure_interpreter() {
@@ -92,6 +95,23 @@ void ensure_interpreter() {
           .attr("filterwarnings")("ignore", py::arg("message") = "Failed to initialize NumPy");
       py::module_::import("torch");  // binds torch._C to this process's libtorch
     }
+    // A Python exception thrown through LibTorch (torch's python_error, e.g. raised by a recompute in
+    // backward) keeps its traceback: the run stage records it (traced_error.hpp).
+    set_exception_tracer([](const std::exception& e) -> std::string {
+      const auto* pe = dynamic_cast<const python_error*>(&e);
+      if (!pe) return "";
+      py::gil_scoped_acquire gil;
+      if (pe->type) return py_traceback(pe->type, pe->value, pe->traceback);
+      // Not persisted (a backward on this thread): the exception is still this thread's Python error,
+      // which is taken here (the next call into the implementation would clear it anyway).
+      PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+      PyErr_Fetch(&type, &value, &tb);
+      PyErr_NormalizeException(&type, &value, &tb);
+      if (tb && value) PyException_SetTraceback(value, tb);
+      std::string trace = py_traceback(type, value, tb);
+      Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+      return trace;
+    });
     PyEval_SaveThread();
   });
 }
@@ -100,6 +120,28 @@ std::string py_error(const py::error_already_set& e) {
   std::string s = e.what();
   const size_t nl = s.find('\n');
   return sanitize(nl == std::string::npos ? s : s.substr(0, nl), 300);
+}
+
+// The whole Python traceback of an exception, as Python prints it (the GIL held); empty if it cannot
+// be formatted.
+std::string py_traceback(PyObject* type, PyObject* value, PyObject* tb) {
+  if (!type) return "";
+  try {
+    const py::object lines = py::module_::import("traceback")
+                                 .attr("format_exception")(py::reinterpret_borrow<py::object>(type),
+                                                           py::reinterpret_borrow<py::object>(value ? value : Py_None),
+                                                           py::reinterpret_borrow<py::object>(tb ? tb : Py_None));
+    std::string out;
+    for (const auto& l : lines) out += l.cast<std::string>();
+    return out;
+  } catch (const std::exception&) {
+    PyErr_Clear();
+    return "";
+  }
+}
+
+std::string py_traceback(const py::error_already_set& e) {
+  return py_traceback(e.type().ptr(), e.value().ptr(), e.trace().ptr());
 }
 
 py::object to_py(const c10::IValue& v) {
@@ -193,7 +235,7 @@ class PythonImpl : public CheckpointImpl {
     try {
       r = (*runner_)(segment, params, call.segment, call.step, call.micro, args);
     } catch (const py::error_already_set& e) {
-      throw std::runtime_error("the Python checkpoint raised " + py_error(e));
+      throw TracedError("the Python checkpoint raised " + py_error(e), py_traceback(e));
     }
     std::vector<torch::Tensor> out;
     if (THPVariable_Check(r.ptr())) {
@@ -226,7 +268,7 @@ class PythonImpl : public CheckpointImpl {
     try {
       r = (*runner_)(fns, params, call.step, call.micro, py::reinterpret_steal<py::object>(THPVariable_Wrap(call.x)));
     } catch (const py::error_already_set& e) {
-      throw std::runtime_error("the Python strategy raised " + py_error(e));
+      throw TracedError("the Python strategy raised " + py_error(e), py_traceback(e));
     }
     if (!THPVariable_Check(r.ptr())) throw std::runtime_error("the Python strategy returned a non-tensor");
     return THPVariable_Unpack(r.ptr());

@@ -13,8 +13,35 @@
 #include "verifier/checkpoint/compat.hpp"
 #include "verifier/impls/faults/faults.hpp"
 #include "verifier/impls/loader.hpp"
+#include "verifier/impls/traced_error.hpp"
 
 namespace ckv {
+
+namespace {
+std::function<std::string(const std::exception&)>& tracer() {
+  static std::function<std::string(const std::exception&)> f;
+  return f;
+}
+}  // namespace
+
+void set_exception_tracer(std::function<std::string(const std::exception&)> t) {
+  tracer() = std::move(t);
+}
+
+std::string exception_trace(const std::exception& e) {
+  std::string t;
+  if (const auto* traced = dynamic_cast<const TracedError*>(&e))
+    t = traced->trace;
+  else if (tracer())
+    t = tracer()(e);
+  // Printable lines only, the end kept (where the exception was raised).
+  std::string out;
+  for (unsigned char ch : t) out += ch == '\n' || (ch >= 0x20 && ch < 0x7f) ? static_cast<char>(ch) : '?';
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  constexpr size_t kMax = 8000;
+  if (out.size() > kMax) out = "...\n" + out.substr(out.size() - kMax);
+  return out;
+}
 
 const std::vector<ImplEntry>& known_impls() {
   static const std::vector<ImplEntry> v = [] {

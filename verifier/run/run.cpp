@@ -19,6 +19,7 @@
 
 #include "verifier/impls/faults/reentrant.hpp"
 #include "verifier/impls/registry.hpp"
+#include "verifier/impls/traced_error.hpp"
 #include "verifier/model/memory.hpp"
 #include "verifier/model/model.hpp"
 #include "verifier/run/progress.hpp"
@@ -349,6 +350,7 @@ class Trainer {
     r.completed = error == nullptr;
     if (error) {
       r.error = first_line(error->what());
+      r.error_trace = exception_trace(*error);
       r.error_step = step_, r.error_micro = micro_, r.error_phase = phase_;
     }
     r.sites = tap_.calls();
@@ -1021,12 +1023,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
   const GlobalStateCheck entry;
   Trainer base(c, o, nullptr, Mode::normal, -1), test(c, o, &impl, Mode::normal, -1);
   const std::exception* test_error = nullptr;
-  struct Saved : std::exception {
-    std::string m;
-    explicit Saved(std::string s) : m(std::move(s)) {}
-    const char* what() const noexcept override { return m.c_str(); }
-  };
-  std::unique_ptr<Saved> saved;
+  std::unique_ptr<TracedError> saved;  // the test run's exception, its traceback taken while it is there
   std::optional<MemoryReporting> reporting(std::in_place);  // the two runs' memory (memory-saved)
   for (int s = 0; s < c.steps && !test_error; ++s) {
     try {
@@ -1039,8 +1036,8 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     try {
       o.test.steps.push_back(test.step(s));
     } catch (const std::exception& e) {
+      saved = std::make_unique<TracedError>(e.what(), exception_trace(e));
       entry.restore();
-      saved = std::make_unique<Saved>(e.what());
       test_error = saved.get();
       break;
     }

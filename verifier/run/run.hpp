@@ -91,7 +91,8 @@ struct StepTime {
 
 struct RunRecord {
   bool completed = false;
-  std::string error;  // what the run threw (first line), when it did not complete
+  std::string error;        // what the run threw (first line), when it did not complete
+  std::string error_trace;  // the traceback behind it, where the implementation's runtime kept one
   int error_step = -1, error_micro = -1, error_phase = -1;
   std::vector<StepRecord> steps;  // the completed steps
   std::vector<SiteCall> sites;

@@ -56,6 +56,21 @@ expect 0 "torch's checkpoint marking its recomputes passes fx Cases" -- "$ck" ch
 expect 1 "a recompute marked as a first forward fails side-effect-once" -- "$ck" check \
   --impl py:ckverify_test_impls:forgets_recompute --only fx=counter,log,bn,cache --only batch=2 --only seq=4 --cases 60
 grep -q "^FAILED side-effect-once" out.txt || { bad "forgets_recompute headline"; cat out.txt; }
+# A Python exception is a finding with its whole traceback: on the console under `trace:`, in the JSON
+# report's failure.trace, from the forward and from a recompute in backward (raised through LibTorch).
+expect 1 "a Python implementation that raises in its recompute" -- "$ck" check \
+  --impl py:ckverify_test_impls:raises_in_recompute --only fx=none --plan block --cases 3 --json raises.json
+grep -q "^FAILED completes" out.txt || { bad "raises_in_recompute headline"; cat out.txt; }
+grep -q "^  trace:   Traceback (most recent call last):" out.txt || { bad "no traceback on the console"; cat out.txt; }
+python3 -c "
+import json; t=json.load(open('raises.json'))['failure']['trace']
+assert 'in _recompute_failure' in t and 'ValueError: raised in the recompute' in t, t" || bad "recompute traceback in the report"
+expect 1 "a Python implementation that raises in its forward" -- "$ck" check \
+  --impl py:ckverify_test_impls:raises_in_forward --only fx=none --plan block --cases 3 --json raises.json --junit raises.xml
+python3 -c "
+import json; t=json.load(open('raises.json'))['failure']['trace']
+assert 'in _forward_failure' in t and 'KeyError' in t, t" || bad "forward traceback in the report"
+grep -q "in _forward_failure" raises.xml || bad "forward traceback in the JUnit report"
 # A correct design that recomputes from its own copies passes refuses-inplace (its gradients are those of
 # the forward it ran). torch.autograd.graph.save_on_cpu on CPU tensors keeps the tensor itself (.cpu() of
 # a CPU tensor is no copy) and drops autograd's version check: an in-place change reaches the recompute

@@ -9,6 +9,7 @@ Correct designs that are not torch's checkpoint as it is, and one wrong one:
                       index, step and micro-batch) and then checkpoints recompute-aware
   megatron_like       megatron-core's calling convention: (function, distribute_saved_activations, *args)
   forgets_recompute   recompute-aware in the forward only: marks the recompute as a first forward
+And two that raise, for the tracebacks in reports: raises_in_recompute (in backward), raises_in_forward.
 """
 import torch
 import torch.utils.checkpoint as tc
@@ -70,3 +71,29 @@ def checkpoint_after_first_step(blocks, x):
     for block in blocks:
         x = tc.checkpoint(block, x, use_reentrant=False) if block.step > 0 else block(x)
     return x
+
+
+def _recompute_failure():
+    raise ValueError("raised in the recompute")
+
+
+def raises_in_recompute(segment, *args):
+    """Raises from inside its recompute (in backward), two frames below the checkpointed function."""
+    calls = [0]
+
+    def fn(*a):
+        calls[0] += 1
+        if calls[0] == 2:
+            _recompute_failure()
+        return segment(*a)
+
+    return tc.checkpoint(fn, *args, use_reentrant=False)
+
+
+def raises_in_forward(segment, *args):
+    """Raises in the forward, before anything is checkpointed."""
+    _forward_failure(len(args))
+
+
+def _forward_failure(n):
+    raise KeyError("raised in the forward with %d argument(s)" % n)
