@@ -3,8 +3,12 @@
 // uninterrupted run's state digest at every position; the state file refusing truncated, corrupted,
 // wrong-version and wrong-model input. (The resume faults are in test_properties.cpp's catalogue.)
 #include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <rapidcheck/gtest.h>
 #include <rapidcheck/state.h>
+#include <filesystem>
+#include <fstream>
 
 #include "properties/generators.hpp"
 #include "properties/property.hpp"
@@ -156,6 +160,28 @@ TEST(StateFile, TruncatedCorruptedWrongVersionAndWrongModelAreRefused) {
   replanned.plan = Plan{PlanKind::none, 0};
   replanned.steps = 5;
   EXPECT_NO_THROW(decode_state(bytes, replanned));
+}
+
+TEST(StateFile, AFileLargerThanAnyStateOfTheCaseIsRefusedBeforeItIsRead) {
+  const Case c = case_from_line(kLine);
+  const std::string bytes = saved_mid_step(c);
+  EXPECT_LT(bytes.size(), state_bytes_bound(c));
+  Case big = c;
+  big.model.layers = 24, big.model.d_model = 64;
+  EXPECT_GT(state_bytes_bound(big), state_bytes_bound(c));
+  const auto dir = std::filesystem::temp_directory_path() / ("ckv-state-bound-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "huge.state").string();
+  { std::ofstream(path, std::ios::binary) << bytes; }
+  EXPECT_NO_THROW(load_state_file(path, c));
+  std::filesystem::resize_file(path, state_bytes_bound(c) + 1);  // sparse: nothing is written
+  try {
+    load_state_file(path, c);
+    ADD_FAILURE() << "a file larger than the bound was read";
+  } catch (const StateError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than a state of this Case can take"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

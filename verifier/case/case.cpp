@@ -504,13 +504,19 @@ bool Case::operator==(const Case& o) const {
   return to_json(*this) == to_json(o);
 }
 
+double estimated_parameters(const Case& c) {
+  const auto& m = c.model;
+  const double D = m.d_model, F = m.d_ff(), L = m.layers, V = m.vocab;
+  return L * (4 * D * D + (m.activation == Activation::swiglu ? 3 : 2) * D * F) + D * V;
+}
+
 double estimated_bytes(const Case& c) {
   const auto& m = c.model;
   const double B = c.batch, T = c.seq, D = m.d_model, F = m.d_ff(), H = m.heads, L = m.layers, V = m.vocab;
   const double N = B * T;
   const double per_layer = N * (10 * D + 4 * F) + (m.attention ? 2 * B * H * T * T : 0);
   const double activations = L * per_layer + N * (3 * D + 3 * V);
-  const double params = L * (4 * D * D + (m.activation == Activation::swiglu ? 3 : 2) * D * F) + D * V;
+  const double params = estimated_parameters(c);
   // The fp64 and fp32 reference keep every activation; LibTorch keeps about as many again per run with
   // autograd's bookkeeping; parameters exist as values, gradients and copies per run.
   return activations * (8 + 4 + 3 * 4) + params * 8 * 8;

@@ -102,6 +102,8 @@ void validate(const Case& c);
 // Rough peak memory of running the Case (both LibTorch runs, the experiments and the references), in
 // bytes; check_environment compares it with the machine.
 double estimated_bytes(const Case& c);
+// The number of trainable values of the Case's model (embedding, blocks, head), roughly.
+double estimated_parameters(const Case& c);
 
 // One readable line: "layers=2 d=16 heads=2 ffn=4 vocab=11 norm=layernorm pos=pre attn=causal ...".
 std::string to_line(const Case& c);

@@ -1,6 +1,8 @@
 // verifier/run/state.cpp: see state.hpp.
 #include "verifier/run/state.hpp"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +14,6 @@ namespace ckv {
 namespace {
 using json = nlohmann::json;
 constexpr const char* kMagic = "ckverify-state\n";
-constexpr size_t kMaxStateBytes = size_t{1} << 34;  // 16 GiB: a Case's state is far below the 32 GiB Case limit
 
 [[noreturn]] void fail(const std::string& m) {
   throw StateError("state file: " + m);
@@ -130,7 +131,7 @@ TrainingState decode_state(const std::string& bytes, const Case& c) {
       Entry e{j.at("name").get<std::string>(), j.at("type").get<std::string>(), {}, j.at("count").get<size_t>()};
       if (e.type != "f64" && e.type != "i64" && e.type != "u8") fail("corrupted (an entry has type " + e.type + ")");
       if (e.type == "f64") e.shape = j.at("shape").get<std::vector<int64_t>>();
-      if (e.count > kMaxStateBytes) fail("corrupted (an entry claims " + std::to_string(e.count) + " values)");
+      if (e.count > bytes.size()) fail("corrupted (an entry claims " + std::to_string(e.count) + " values)");
       entries.push_back(std::move(e));
     }
   } catch (const StateError&) {
@@ -227,6 +228,11 @@ TrainingState decode_state(const std::string& bytes, const Case& c) {
   return s;
 }
 
+size_t state_bytes_bound(const Case& c) {
+  const double values = estimated_parameters(c) + 2.0 * c.model.layers * c.model.d_model;
+  return static_cast<size_t>(8.0 * 8.0 * 4.0 * values) + (size_t{64} << 20);
+}
+
 TrainingState load_state_file(const std::string& path, const Case& c) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
@@ -234,7 +240,11 @@ TrainingState load_state_file(const std::string& path, const Case& c) {
   if (!std::filesystem::is_regular_file(st)) fail(sanitize(path) + " is not a regular file");
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) fail("cannot read " + sanitize(path));
-  if (size > kMaxStateBytes) fail(sanitize(path) + " is larger than 16 GiB");
+  if (const size_t bound = state_bytes_bound(c); size > bound)
+    fail(
+        fmt::format("{} is {} bytes, more than a state of this Case can take ({} at most): it was not saved from "
+                    "this Case, or it is corrupted",
+                    sanitize(path), size, bound));
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read " + sanitize(path));
   std::string bytes(static_cast<size_t>(size), '\0');

@@ -52,7 +52,12 @@ struct TrainingState {
 std::string state_key(const Case& c);
 
 // Reads and verifies a state file for Case `c`; throws StateError with one line naming the problem.
+// A file larger than any state of `c` can be (state_bytes_bound) is refused before it is read.
 TrainingState load_state_file(const std::string& path, const Case& c);
+// The most bytes a state file of Case `c` can take: float64 parameters, gradients and both Adam
+// moments (with biases and norms well inside an 8x margin), BatchNorm statistics, generator states,
+// the side-effect ledger and the header in a fixed allowance.
+size_t state_bytes_bound(const Case& c);
 
 // FNV-1a 64-bit hash (the file's checksum, and TrainingRun::digest).
 uint64_t fnv1a(const char* p, size_t n);
