@@ -79,6 +79,16 @@ const Failure* failure_of(const Report& r, const std::string& name) {
   return nullptr;
 }
 
+// One line of at most `max` characters (a diagnosis shown beside another on the console).
+std::string sanitize_line(const std::string& s, size_t max) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (out.size() >= max) return out + "...";
+    out += ch >= 0x20 && ch < 0x7f ? static_cast<char>(ch) : ' ';
+  }
+  return out;
+}
+
 // Lines after the first indented by `pad` (a multi-line field under its label).
 std::string indented(const std::string& text, const std::string& pad) {
   std::string out;
@@ -104,7 +114,10 @@ std::string to_console(const Report& r) {
                          f.property, n > 1 ? fmt::format(" (finding {} of {})", k + 1, n) : "", f.case_line, f.where,
                          f.detail, f.seed);
       if (!f.trace.empty()) out += "  trace:   " + indented(f.trace, "           ") + "\n";
-      for (const auto& [p, w] : f.also) out += fmt::format("  also:    {} failed at {}\n", p, w);
+      if (!f.history_note.empty()) out += "  history: " + f.history_note + "\n";
+      for (const auto& a : f.also)
+        out += fmt::format("  also:    {} failed at {}{}\n", a.property, a.where,
+                           a.detail.empty() ? "" : ": " + sanitize_line(a.detail, 160));
       if (!skipped_counts(r).empty())
         out += fmt::format("  skipped: {} (set aside: {})\n", skipped_counts(r), r.skip_reason);
       if (!f.repro.empty()) out += "  repro:   " + f.repro + "\n";
@@ -191,12 +204,14 @@ std::string to_json(const Report& r) {
   }
   auto failure_json = [](const Failure& f, const std::string& shrink_note) {
     json also = json::array();
-    for (const auto& [p, w] : f.also) also.push_back({{"property", p}, {"where", w}});
+    for (const auto& a : f.also) also.push_back({{"property", a.property}, {"where", a.where}, {"detail", a.detail}});
     json x = {{"property", f.property},           {"where", f.where}, {"detail", f.detail}, {"case_line", f.case_line},
               {"case", json::parse(f.case_json)}, {"repro", f.repro}, {"seed", f.seed},     {"also", also}};
     if (f.passing_before >= 0) x["case_index"] = f.passing_before;
     if (!shrink_note.empty()) x["shrink_note"] = shrink_note;
     if (!f.trace.empty()) x["trace"] = f.trace;
+    if (!f.history_note.empty()) x["history_note"] = f.history_note;
+    if (!f.history_file.empty()) x["history_file"] = f.history_file;
     return x;
   };
   if (r.failure) j["failure"] = failure_json(*r.failure, r.shrink_note);
@@ -234,7 +249,9 @@ std::string to_junit_xml(const Report& r) {
     } else if (const Failure* own = failure_of(r, p.name); p.failed && own) {
       out += fmt::format("\n      <failure message=\"{}\">{}\ncase: {}\nseed: {}\n{}{}</failure>\n    ",
                          xml_escape(own->where), xml_escape(own->detail), xml_escape(own->case_line), own->seed,
-                         xml_escape(own->repro), own->trace.empty() ? "" : "\n" + xml_escape(own->trace));
+                         xml_escape(own->repro),
+                         xml_escape((own->history_note.empty() ? "" : "\nhistory: " + own->history_note) +
+                                    (own->trace.empty() ? "" : "\n" + own->trace)));
     } else if (p.failed && r.failure) {
       out += fmt::format("\n      <failure message=\"{}\">{}\ncase: {}\nseed: {}\n{}</failure>\n    ",
                          xml_escape(p.where), xml_escape(p.detail), xml_escape(r.failure->case_line), r.failure->seed,
@@ -275,8 +292,11 @@ std::string to_markdown(const Report& r) {
     const Failure& f = *fp;
     out += fmt::format("\n## Failure: {}\n\n- case: `{}`\n- where: `{}`\n- detail: {}\n- seed: {}\n", f.property,
                        f.case_line, md_cell(f.where), md_cell(f.detail), f.seed);
-    for (const auto& [p, w] : f.also) out += fmt::format("- also failed: {} at `{}`\n", p, w);
+    for (const auto& a : f.also)
+      out += fmt::format("- also failed: {} at `{}`{}\n", a.property, md_cell(a.where),
+                         a.detail.empty() ? "" : ": " + md_cell(a.detail));
     if (!f.repro.empty()) out += fmt::format("- repro: `{}`\n", f.repro);
+    if (!f.history_note.empty()) out += "- history: " + md_cell(f.history_note) + "\n";
     if (!f.trace.empty()) out += "\n```\n" + fence_safe(f.trace) + "\n```\n";
   }
   if (!r.error.empty()) out += "\nInternal error: " + r.error + "\n";
@@ -358,9 +378,13 @@ Report from_json(const std::string& text) {
       x.repro = f.at("repro").get<std::string>();
       x.seed = f.at("seed").get<uint64_t>();
       x.passing_before = f.value("case_index", -1);
-      for (const auto& a : f.at("also")) x.also.emplace_back(a.at("property"), a.at("where"));
+      for (const auto& a : f.at("also"))
+        x.also.push_back(
+            {a.at("property").get<std::string>(), a.at("where").get<std::string>(), a.value("detail", "")});
       x.shrink_note = f.value("shrink_note", "");
       x.trace = f.value("trace", "");
+      x.history_note = f.value("history_note", "");
+      x.history_file = f.value("history_file", "");
       return x;
     };
     if (j.contains("failure")) {

@@ -29,10 +29,16 @@ struct Failure {
   std::string case_json;  // the shrunk Case, as `ckverify repro` reads it
   std::string repro;      // "ckverify repro FILE", or empty
   uint64_t seed = 0;
-  int passing_before = -1;                                // check only: passing cases before the first failure
-  std::vector<std::pair<std::string, std::string>> also;  // other failing properties and where
+  int passing_before = -1;  // check only: passing cases before the first failure
+  struct Also {
+    std::string property, where, detail;
+  };
+  std::vector<Also> also;   // the other properties that failed on the Case: where, and the diagnosis
   std::string shrink_note;  // how its shrinking ended (a further finding; the first's is Report::shrink_note)
   std::string trace;        // the implementation's traceback behind it (a Python exception), or empty
+  // When the failure did not come back in a fresh worker process: what was found (search.hpp), and
+  // the file of Cases its worker ran before it, which `repro --history` replays first (or empty).
+  std::string history_note, history_file;
 };
 
 struct Report {

@@ -29,7 +29,7 @@ Report failing() {
   f.case_json = "{\"model\": {\"layers\": 1}}";
   f.repro = "ckverify repro shrunk.json";
   f.seed = 7;
-  f.also = {{"grad-baseline", "step 0 layer0.ffn.fc2.bias.grad"}};
+  f.also = {{"grad-baseline", "step 0 layer0.ffn.fc2.bias.grad", "differs by 1e-3\nfrom the baseline"}};
   r.failure = f;
   r.exit_code = 1;
   return r;
@@ -39,7 +39,10 @@ TEST(Report, ConsoleNamesPropertyWhereAlsoAndRepro) {
   const std::string s = to_console(failing());
   EXPECT_NE(s.find("FAILED rng-replay\n"), std::string::npos) << s;
   EXPECT_NE(s.find("  where:   step 0 layer0 ffn_hidden call 1"), std::string::npos) << s;
-  EXPECT_NE(s.find("  also:    grad-baseline failed at step 0 layer0.ffn.fc2.bias.grad"), std::string::npos) << s;
+  EXPECT_NE(s.find("  also:    grad-baseline failed at step 0 layer0.ffn.fc2.bias.grad: differs by 1e-3 from the "
+                   "baseline\n"),
+            std::string::npos)
+      << s;
   EXPECT_NE(s.find("  repro:   ckverify repro shrunk.json"), std::string::npos) << s;
   EXPECT_NE(s.find("FAIL: 3 case(s)"), std::string::npos) << s;
 }
@@ -52,6 +55,8 @@ TEST(Report, JsonCarriesTheShrunkCaseAndCounts) {
   EXPECT_EQ(j["properties"][0]["held"], false);
   EXPECT_EQ(j["properties"][1]["not_applicable"], 2);
   EXPECT_EQ(j["failure"]["also"][0]["property"], "grad-baseline");
+  EXPECT_EQ(j["failure"]["also"][0]["detail"], "differs by 1e-3\nfrom the baseline");
+  EXPECT_EQ(from_json(to_json(failing())).failure->also[0].detail, "differs by 1e-3\nfrom the baseline");
 }
 
 TEST(Report, JunitHasOneTestcasePerPropertyAndEscapes) {

@@ -72,7 +72,7 @@ report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, cons
   f.seed = c.seed;
   for (const auto& o : fs)
     if (o.failed() && o.property != head.property && !skipped.count(o.property))
-      f.also.emplace_back(o.property, o.where);
+      f.also.push_back({o.property, o.where, o.detail});
   return f;
 }
 

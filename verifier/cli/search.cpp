@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "verifier/cli/workers.hpp"
 #include "verifier/impls/registry.hpp"
 
@@ -132,6 +134,50 @@ SearchResult search(const SearchOptions& o) {
       }
     }
   };
+  // A shrunk finding, run again alone in a fresh worker process. When it does not fail there, the
+  // failure needed something its worker carried from earlier cases: the Case first found is tried
+  // alone, then after the cases its worker had run before it; the finding keeps what reproduces it.
+  auto fresh_fails = [&](const std::vector<Case>& sequence,
+                         const std::string& property) -> std::optional<std::vector<Finding>> {
+    WorkerPool fresh(WorkerOptions{1, o.threads, o.case_timeout_s, o.gen.impl});
+    auto r = fresh.run(sequence, deadline);
+    if (r.empty() || !r.back()) return std::nullopt;  // the budget ran out
+    if (!failing(*r.back(), property, o.skipped)) return std::vector<Finding>{};
+    return std::move(*r.back());
+  };
+  auto confirm = [&](FoundFailure& f, const Case& first, const std::vector<Finding>& first_findings,
+                     std::vector<Case> history) {
+    const auto alone = fresh_fails({f.failing_case}, f.property);
+    if (!alone || !alone->empty()) return;  // it fails alone (or there is no time left to tell)
+    const auto original = fresh_fails({first}, f.property);
+    f.failing_case = first;
+    f.findings = first_findings;
+    f.shrink_steps = 0;
+    if (original && !original->empty()) {
+      f.findings = *original;
+      f.history_note =
+          "its shrunk Case passed in a fresh worker process, so the Case first found is kept: the smaller Cases "
+          "failed only after other cases had run in the same process";
+      return;
+    }
+    const size_t n = history.size();
+    history.push_back(first);
+    const auto replayed = fresh_fails(history, f.property);
+    history.pop_back();
+    if (replayed && !replayed->empty()) {
+      f.findings = *replayed;
+      f.history = std::move(history);
+      f.history_note = fmt::format(
+          "it fails only after the {} case(s) its worker process ran before it, not alone: the implementation keeps "
+          "state across calls (a global, a cache, a counter) that changes its result; `repro --history` replays them "
+          "first",
+          n);
+    } else {
+      f.history_note =
+          "it did not fail again in a fresh worker process, alone or after the cases its worker ran before it: the "
+          "failure depends on something outside the Case (timing, the machine, state ckverify does not replay)";
+    }
+  };
   // Properties with a finding (or skipped): set aside for the rest of the search.
   std::set<std::string> excluded = o.skipped;
   const int max_findings = std::max(1, o.max_findings);
@@ -177,6 +223,7 @@ SearchResult search(const SearchOptions& o) {
         if (f.failed() && !excluded.count(f.property) && (o.pinned.empty() || f.property == o.pinned))
           fresh.push_back(f.property);
       if (fresh.empty()) continue;
+      const std::vector<Case> history = pool ? pool->history_before(k) : std::vector<Case>{};  // before shrinking
       for (const auto& property : fresh) {
         if (static_cast<int>(found.size()) >= max_findings) break;
         FoundFailure f;
@@ -186,6 +233,7 @@ SearchResult search(const SearchOptions& o) {
         f.findings = fs;
         excluded.insert(property);
         shrink(batch[k], f);
+        if (pool && o.confirm_fresh) confirm(f, values[k], fs, history);
         found.push_back(std::move(f));
       }
       i = index[k] + shard_n;
@@ -200,6 +248,8 @@ SearchResult search(const SearchOptions& o) {
     s.findings = first.findings;
     s.shrink_steps = first.shrink_steps, s.shrink_runs = first.shrink_runs;
     s.shrink_cut_short = first.shrink_cut_short;
+    s.history = first.history;
+    s.history_note = first.history_note;
     s.further.assign(std::make_move_iterator(found.begin() + 1), std::make_move_iterator(found.end()));
   }
   progress.end();

@@ -39,6 +39,10 @@ struct SearchOptions {
   int threads = 1;  // LibTorch intra-op threads per worker
   double case_timeout_s = 120.0;
   int shard_index = 0, shard_count = 1;
+  // With workers: run each shrunk finding again in a fresh worker process, to tell a failure of the
+  // Case from one that needs the state an implementation kept from earlier cases in its process
+  // (FoundFailure::history). `faults` turns it off: a kill is a kill either way.
+  bool confirm_fresh = true;
 };
 
 // One failing property found by the search, shrunk on its own.
@@ -49,6 +53,11 @@ struct FoundFailure {
   std::vector<Finding> findings;  // of the shrunk Case
   int shrink_steps = 0, shrink_runs = 0;
   bool shrink_cut_short = false;
+  // When the failure did not come back in a fresh worker process: the Cases its worker had run
+  // before it (replayed first by `repro --history`; empty when it came back without them), and a
+  // note saying which it was. failing_case is then the Case first found, unshrunk.
+  std::vector<Case> history;
+  std::string history_note;
 };
 
 struct SearchResult {
@@ -65,6 +74,8 @@ struct SearchResult {
   std::vector<Finding> findings;  // of the shrunk Case
   int shrink_steps = 0, shrink_runs = 0;
   bool shrink_cut_short = false;
+  std::vector<Case> history;  // as FoundFailure's
+  std::string history_note;
   // The findings after the first (max_findings > 1), in the order found.
   std::vector<FoundFailure> further;
   // Per case run (index, one letter per property in property_names() order: H held, N not applicable,

@@ -198,6 +198,7 @@ struct WorkerPool::Worker {
   int task = -1;      // index of the Case it runs, -1 when idle
   int last = -1;      // index of the Case it ran last in this run(), -1 if none
   uint64_t seq = 0;   // the number of the request it runs
+  std::shared_ptr<std::vector<Case>> history = std::make_shared<std::vector<Case>>();  // since it started
   Clock::time_point deadline, checked;
 };
 
@@ -358,12 +359,19 @@ void WorkerPool::start(Worker& w) {
   }
 }
 
+std::vector<Case> WorkerPool::history_before(size_t k) const {
+  if (k >= placed_.size() || !placed_[k].first) return {};
+  const auto& [h, n] = placed_[k];
+  return std::vector<Case>(h->begin(), h->begin() + static_cast<std::ptrdiff_t>(n));
+}
+
 std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vector<Case>& cases,
                                                                  Clock::time_point deadline) {
   std::vector<std::optional<std::vector<Finding>>> out(cases.size());
   const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.case_timeout_s));
   size_t next = 0;
   for (auto& w : workers_) w->last = -1;
+  placed_.assign(cases.size(), {});
   auto finish = [&](Worker& w, std::vector<Finding> fs) {
     out[static_cast<size_t>(w.task)] = std::move(fs);
     w.last = w.task;
@@ -433,6 +441,8 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
         }
       }
       w->task = static_cast<int>(next);
+      placed_[next] = {w->history, w->history->size()};
+      w->history->push_back(cases[next]);
       w->seq = ++seq_;
       w->deadline = Clock::now() + timeout;
       w->checked = Clock::now();

@@ -48,6 +48,9 @@ class WorkerPool {
   // Throws EnvironmentError (a Case cannot run on this machine), UsageError (the implementation cannot
   // be loaded) and std::runtime_error (the baseline failed: a ckverify bug).
   std::vector<std::optional<std::vector<Finding>>> run(const std::vector<Case>& cases, Clock::time_point deadline);
+  // The Cases that the worker which ran case k of the last run() had run before it, since it started
+  // (oldest first): what an implementation keeping state across calls saw before case k.
+  std::vector<Case> history_before(size_t k) const;
 
  private:
   struct Worker;
@@ -55,7 +58,9 @@ class WorkerPool {
   void stop(Worker& w);
   WorkerOptions o_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  uint64_t seq_ = 0;                  // requests sent, numbering them
+  uint64_t seq_ = 0;  // requests sent, numbering them
+  // For each case of the last run(): the history of the worker that took it, and its length then.
+  std::vector<std::pair<std::shared_ptr<const std::vector<Case>>, size_t>> placed_;
   std::optional<long> oom_at_start_;  // the cgroup's oom_kill count when the pool started
 };
 

@@ -9,7 +9,8 @@ Correct designs that are not torch's checkpoint as it is, and one wrong one:
                       index, step and micro-batch) and then checkpoints recompute-aware
   megatron_like       megatron-core's calling convention: (function, distribute_saved_activations, *args)
   forgets_recompute   recompute-aware in the forward only: marks the recompute as a first forward
-And two that raise, for the tracebacks in reports: raises_in_recompute (in backward), raises_in_forward.
+And two that raise, for the tracebacks in reports: raises_in_recompute (in backward), raises_in_forward;
+and stateful, correct for its first calls in a process only.
 """
 import torch
 import torch.utils.checkpoint as tc
@@ -97,3 +98,14 @@ def raises_in_forward(segment, *args):
 
 def _forward_failure(n):
     raise KeyError("raised in the forward with %d argument(s)" % n)
+
+
+_calls = [0]
+
+
+def stateful(segment, *args, after=40):
+    """Correct (torch's non-reentrant checkpoint, recompute-aware) for its first `after` calls in the
+    process, then it stops preserving the RNG state: a failure only a long-lived process shows."""
+    _calls[0] += 1
+    return tc.checkpoint(segment, *args, use_reentrant=False, context_fn=ckverify.recompute_aware_context,
+                         preserve_rng_state=_calls[0] <= after)
