@@ -4,11 +4,12 @@
 // process that sleeps for five minutes holding the standard streams and carries on (fork), forks a
 // process that carries on as well, running the rest of ckverify's code (forkrun), writes forged
 // answers and reports on every close-on-exec pipe and exits (forge), reads its standard input to the
-// end and closes it, then carries on (stdin), or closes every descriptor above stderr and carries on
-// (closefds); before that it checkpoints nothing (runs the segment plainly, which is a correct,
-// memory-hungry "implementation").
+// end and closes it, then carries on (stdin), closes every descriptor above stderr and carries on
+// (closefds), or runs out of memory (oom: std::bad_alloc, as under RLIMIT_AS); before that it
+// checkpoints nothing (runs the segment plainly, which is a correct, memory-hungry "implementation").
 #include <csignal>
 #include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <thread>
 
@@ -29,6 +30,7 @@ class Misbehave : public ckv::CheckpointImpl {
       if (mode_ == "hang")
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       if (mode_ == "throw") throw 42;
+      if (mode_ == "oom") throw std::bad_alloc();
       if (mode_ == "exit") std::exit(0);
       if (mode_ == "fork" && ::fork() == 0) {
         ::sleep(300);
@@ -68,13 +70,13 @@ ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
   int at = 1;
   for (const auto& [k, v] : o) {
     if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit" || v == "fork" ||
-                        v == "forkrun" || v == "forge" || v == "stdin" || v == "closefds"))
+                        v == "forkrun" || v == "forge" || v == "stdin" || v == "closefds" || v == "oom"))
       mode = v;
     else if (k == "at")
       at = std::stoi(v);
     else
       throw std::invalid_argument("unknown option " + k + "=" + v +
-                                  " (mode=segv|abort|hang|throw|exit|fork|forkrun|forge|stdin|closefds, at=N)");
+                                  " (mode=segv|abort|hang|throw|exit|fork|forkrun|forge|stdin|closefds|oom, at=N)");
   }
   return new Misbehave(mode, at);
 }

@@ -1036,6 +1036,12 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     try {
       o.test.steps.push_back(test.step(s));
     } catch (const std::exception& e) {
+      // Out of memory is the machine's limit as far as ckverify can tell (a leak shows on smaller
+      // Cases as memory-saved), never a finding against the implementation.
+      if (dynamic_cast<const std::bad_alloc*>(&e) || looks_like_out_of_memory(first_line(e.what())))
+        throw EnvironmentError("the run under test ran out of memory (" + first_line(e.what()) +
+                               ") where the baseline did not: give the run more memory (memory-saved judges how "
+                               "much a checkpoint keeps on Cases that fit)");
       saved = std::make_unique<TracedError>(e.what(), exception_trace(e));
       entry.restore();
       test_error = saved.get();

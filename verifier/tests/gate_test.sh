@@ -102,6 +102,8 @@ kill -KILL $(pgrep -P $pid) 2>/dev/null; wait $pid; rc=$?
 [ $rc = 2 ] || { bad "a worker killed from outside: exit $rc, not 2"; cat out.txt err.txt; }
 grep -q "killed by SIGKILL from outside ckverify" err.txt || { bad "outside kill: not named"; cat err.txt; }
 one_line_error "outside kill"
+expect 2 "a run out of memory is the environment's" -- "$ck" check --impl "$mis:mode=oom" --plan block --cases 2 -j 1
+grep -q "ran out of memory" err.txt || { bad "out of memory: not named"; cat err.txt; }
 "$ck" case layers=8 d=96 heads=4 seq=96 batch=4 steps=3 plan=every2 > slow.json
 "$ck" repro slow.json --case-timeout 8 >out.txt 2>err.txt &
 pid=$!; sleep 3
