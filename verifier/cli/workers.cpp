@@ -293,7 +293,7 @@ void WorkerPool::stop(Worker& w) {
   w = Worker{};
 }
 
-void WorkerPool::start(Worker& w) {
+bool WorkerPool::start(Worker& w, Clock::time_point deadline) {
   static const std::string exe = self_exe();
   int req[2], ans[2];
   make_pipe(req);
@@ -329,12 +329,15 @@ void WorkerPool::start(Worker& w) {
     throw std::runtime_error("a worker process ended before it was sent its first request");
   }
   // The worker loads the implementation first and says whether it could.
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+  // Loading counts against the run's time budget: a load still going at the deadline is stopped and
+  // the run ends there, as a Case running at the deadline does.
+  const auto limit = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(std::max(60.0, o_.case_timeout_s)));
+  const auto until = std::min(limit, deadline);
   for (;;) {
     if (auto line = take_line(w.buffer)) {
       const auto j = payload(*line, w.token, 0);
-      if (j && j->contains("ready")) return;
+      if (j && j->contains("ready")) return true;
       std::string why = j && j->contains("error") && (*j)["error"].is_string()
                             ? (*j)["error"].get<std::string>()
                             : "while loading, the implementation " + forged(*line);
@@ -345,6 +348,7 @@ void WorkerPool::start(Worker& w) {
     pollfd p{w.from, POLLIN, 0};
     if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) == 0) {
       stop(w);
+      if (until < limit) return false;  // the budget, not the load limit
       throw UsageError(fmt::format("{}: loading the implementation took longer than {:g} s", sanitize(o_.impl, 200),
                                    std::max(60.0, o_.case_timeout_s)));
     }
@@ -420,7 +424,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
   for (;;) {
     for (auto& w : workers_) {
       if (w->task >= 0 || next >= cases.size() || Clock::now() >= deadline) continue;
-      if (w->pid < 0) start(*w);
+      if (w->pid < 0 && !start(*w, deadline)) continue;  // the budget ran out while it loaded
       // Something the worker did not write arrived after its last answer: the implementation's doing,
       // a finding of the Case it ran last (or, from an earlier batch, of the one it takes now); the
       // worker is replaced.
@@ -433,7 +437,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
           out[static_cast<size_t>(w->last)] =
               std::vector<Finding>{Finding::fail("completes", -1, "worker process", what)};
           stop(*w);
-          start(*w);
+          if (!start(*w, deadline)) continue;
         } else {
           w->task = static_cast<int>(next++);
           lost(*w, forged(junk));

@@ -54,7 +54,7 @@ class WorkerPool {
 
  private:
   struct Worker;
-  void start(Worker& w);
+  bool start(Worker& w, Clock::time_point deadline);  // false: the deadline came first
   void stop(Worker& w);
   WorkerOptions o_;
   std::vector<std::unique_ptr<Worker>> workers_;

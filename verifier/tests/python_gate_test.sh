@@ -56,6 +56,12 @@ expect 0 "torch's checkpoint marking its recomputes passes fx Cases" -- "$ck" ch
 expect 1 "a recompute marked as a first forward fails side-effect-once" -- "$ck" check \
   --impl py:ckverify_test_impls:forgets_recompute --only fx=counter,log,bn,cache --only batch=2 --only seq=4 --cases 60
 grep -q "^FAILED side-effect-once" out.txt || { bad "forgets_recompute headline"; cat out.txt; }
+# Loading counts against the time budget: a module whose import takes 60 s ends a 5 s run near 5 s.
+mkdir -p slowmod && printf 'import time\ntime.sleep(60)\ndef ck(segment, *args):\n    return segment(*args)\n' > slowmod/slow_import.py
+start=$(date +%s)
+PYTHONPATH="$PWD/slowmod:$PYTHONPATH" "$ck" check --impl py:slow_import:ck --cases 5 -j 1 --time-budget 5 >out.txt 2>err.txt
+[ $(( $(date +%s) - start )) -le 25 ] || bad "a 60 s import held a 5 s run for $(( $(date +%s) - start )) s"
+grep -q "time budget reached" out.txt || { bad "slow import: no budget headline"; cat out.txt err.txt; }
 # A Python exception is a finding with its whole traceback: on the console under `trace:`, in the JSON
 # report's failure.trace, from the forward and from a recompute in backward (raised through LibTorch).
 expect 1 "a Python implementation that raises in its recompute" -- "$ck" check \
