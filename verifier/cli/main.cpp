@@ -24,8 +24,10 @@
 #include "properties/tolerance.hpp"
 #include "reports/plot.hpp"
 #include "reports/report.hpp"
+#include "verifier/cli/args.hpp"
 #include "verifier/cli/bench_report.hpp"
 #include "verifier/cli/output.hpp"
+#include "verifier/cli/reporting.hpp"
 #include "verifier/cli/search.hpp"
 #include "verifier/cli/supervise.hpp"
 #include "verifier/cli/workers.hpp"
@@ -50,174 +52,6 @@ using namespace ckv;
 using namespace ckv::cli;
 using nlohmann::json;
 
-constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitInternal = 3;
-
-struct Outputs {
-  std::string json, junit, markdown;
-  std::vector<std::pair<std::string, std::string>> paths() const {
-    return {{"--json", json}, {"--junit", junit}, {"--markdown", markdown}};
-  }
-};
-
-report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, const Finding& head,
-                             const std::string& repro, const std::set<std::string>& skipped = {}) {
-  report::Failure f;
-  f.property = head.property;
-  f.where = head.where;
-  f.detail = head.detail;
-  f.case_line = to_line(c);
-  f.case_json = to_json(c);
-  f.repro = repro;
-  f.seed = c.seed;
-  for (const auto& o : fs)
-    if (o.failed() && o.property != head.property && !skipped.count(o.property))
-      f.also.emplace_back(o.property, o.where);
-  return f;
-}
-
-// s as one word for a POSIX shell.
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./:=,@+") ==
-                        std::string::npos)
-    return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string property_list() {
-  std::string out;
-  for (const auto& n : property_names()) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
-// --skip PROPERTY (repeatable, or a comma list) with its --reason: the properties set aside.
-struct Skip {
-  std::set<std::string> properties;
-  std::string reason;
-  // The arguments that set the same aside again (for the printed repro command).
-  std::string args() const {
-    if (properties.empty()) return "";
-    std::string a;
-    for (const auto& p : properties) a += " --skip " + p;
-    return a + " --reason " + shell_quote(reason);
-  }
-};
-
-Skip parse_skip(const std::vector<std::string>& given, const std::string& reason) {
-  Skip s;
-  const std::vector<std::string> names = property_names();
-  for (const auto& g : given) {
-    size_t start = 0;
-    for (;;) {
-      const size_t comma = g.find(',', start);
-      const std::string name = g.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (std::find(names.begin(), names.end(), name) == names.end())
-        throw UsageError("--skip " + sanitize(name) + ": not a property (" + property_list() + ")");
-      s.properties.insert(name);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-  }
-  if (!s.properties.empty() && reason.find_first_not_of(" \t") == std::string::npos)
-    throw UsageError("--skip needs --reason TEXT: why the property is set aside (it goes into every report)");
-  if (s.properties.empty() && !reason.empty()) throw UsageError("--reason without --skip");
-  if (reason.size() > 1000 || sanitize(reason, 1000) != reason)
-    throw UsageError("--reason: at most 1000 printable characters");
-  if (s.properties.size() == names.size())
-    throw UsageError("--skip: every property is set aside; nothing would be judged");
-  s.reason = reason;
-  return s;
-}
-
-// The console report always comes first: a file that cannot be written must not lose the diagnosis.
-int emit(report::Report& r, const Outputs& out) {
-  r.torch = TORCH_VERSION;
-  std::cout << report::to_console(r) << std::flush;
-  std::string failed;
-  for (const auto& [option, path] : out.paths()) {
-    if (path.empty()) continue;
-    const std::string text = option == "--json"    ? report::to_json(r)
-                             : option == "--junit" ? report::to_junit_xml(r)
-                                                   : report::to_markdown(r);
-    try {
-      write_atomically(path, text);
-    } catch (const UsageError& e) {
-      failed += std::string(failed.empty() ? "" : "; ") + e.what();
-    }
-  }
-  if (!failed.empty()) throw UsageError(failed);
-  return r.exit_code;
-}
-
-// The device and build can run the generated cases at all (one probe Case).
-void check_device(const std::string& device, bool fp16) {
-  Case probe;
-  try {
-    probe = case_from_line("device=" + device);
-  } catch (const CaseError& e) {
-    throw UsageError(std::string("--device: ") + e.what());
-  }
-  if (probe.device != device)  // the line form splits on blanks: "cpu " must not pass as "cpu"
-    throw UsageError("--device: \"" + sanitize(device) + "\" is not one of cpu|cuda|cuda:N");
-  if (fp16) probe.precision = Precision::fp16;
-  check_environment(probe);
-}
-
-// Worker processes, the per-case timeout and the shard of `check` and `faults`.
-struct GateOptions {
-  int jobs = 1;
-  double case_timeout_s = 120;
-  int shard_index = 0, shard_count = 1;
-  void apply(SearchOptions& o) const {
-    o.jobs = jobs;
-    // One intra-op thread per worker, whatever N: the gate's tensors are tiny (one thread runs a case as
-    // fast as two), N workers on N cores do not oversubscribe the machine, and what a case measures
-    // (memory-saved's allocations) does not depend on N.
-    o.threads = 1;
-    o.case_timeout_s = case_timeout_s;
-    o.shard_index = shard_index, o.shard_count = shard_count;
-  }
-};
-
-// The longest --time-budget (about 3 years): longer ones would overflow the clock's nanoseconds.
-constexpr double kMaxBudget = 1e8;
-
-GateOptions gate_options(int jobs, double case_timeout, const std::string& shard) {
-  GateOptions g;
-  if (jobs < 1 || jobs > 256) throw UsageError("-j/--jobs must be in [1, 256]");
-  if (!(case_timeout >= 1) || !std::isfinite(case_timeout) || case_timeout > 86400)
-    throw UsageError("--case-timeout must be a number of seconds in [1, 86400]");
-  g.jobs = jobs, g.case_timeout_s = case_timeout;
-  if (!shard.empty()) {
-    int k = 0, n = 0;
-    char tail = 0;
-    if (std::sscanf(shard.c_str(), "%d/%d%c", &k, &n, &tail) != 2 || n < 1 || n > 10000 || k < 1 || k > n ||
-        shard.find_first_not_of("0123456789/") != std::string::npos)
-      throw UsageError("--shard \"" + sanitize(shard) + "\" is not K/N with 1 <= K <= N <= 10000");
-    g.shard_index = k - 1, g.shard_count = n;
-  }
-  return g;
-}
-
-// The implementation spec of `check --strategy SPEC`: a Python function in the bridge's strategy
-// convention (FUNC(blocks, x, **options)), or a C++ plugin whose implementation is a strategy.
-std::string strategy_spec(const std::string& spec) {
-  if (spec.empty()) throw UsageError("--strategy needs a spec: py:MODULE:FUNC[:key=value,...] or PATH.so[:...]");
-  if (spec_kind(spec) == SpecKind::python) {
-    if (spec.find("@convention=") != std::string::npos)
-      throw UsageError("--strategy " + sanitize(spec, 200) + ": the spec sets @convention itself");
-    const size_t first = spec.find(':', 3);
-    const bool has_options = first != std::string::npos && spec.find(':', first + 1) != std::string::npos;
-    if (spec.back() == ':') return spec + "@convention=strategy";
-    return spec + (has_options ? ",@convention=strategy" : ":@convention=strategy");
-  }
-  if (spec_kind(spec) != SpecKind::plugin)
-    throw UsageError("--strategy " + sanitize(spec, 200) +
-                     ": expected py:MODULE:FUNC[:key=value,...] or a plugin PATH.so");
-  return spec;
-}
-
 int cmd_check(std::string impl_name, const std::string& plan_text, int cases, uint64_t seed, double budget,
               const Outputs& out, const std::string& repro_path, const std::string& device, const GateOptions& g,
               const std::vector<std::string>& only, const std::string& strategy, const Skip& skip, int min_cases,
@@ -234,31 +68,15 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
     impl_name = strategy_spec(strategy);
     o.gen.strategy = true;
   }
-  std::set<std::string> only_keys;
-  for (const auto& w : only) {
-    const std::string key = w.substr(0, w.find('='));
-    if (key == "impl" || key == "device" || key == "plan")
-      throw UsageError("--only " + sanitize(w) + ": use --" + key + " for " + key);
-    try {
-      case_from_line(w);
-    } catch (const CaseError& e) {
-      throw UsageError("--only: " + std::string(e.what()));
-    }
-    if (!only_keys.insert(key).second) throw UsageError("--only " + sanitize(key) + " is given twice");
+  o.gen.only = parse_only(only);
+  for (const auto& w : only)
     if (!strategy.empty() && (w == "tie=head" || w == "segio=multi"))
       throw UsageError("--only " + sanitize(w) +
                        ": a strategy is gated on Cases whose blocks are whole units "
                        "(segio=single, tie=none or blocks)");
-    o.gen.only += (o.gen.only.empty() ? "" : " ") + w;
-  }
   o.gen.device = device;
   if (o.gen.strategy) o.gen.plan = Plan{PlanKind::every_block, 0};
-  if (!plan_text.empty()) {
-    Plan p;
-    std::string err;
-    if (!Plan::parse(plan_text, p, err)) throw UsageError("--plan: " + sanitize(err, 160));
-    o.gen.plan = p;
-  }
+  if (!plan_text.empty()) o.gen.plan = parse_plan("--plan", plan_text);
   check_impl_spec(impl_name);  // unknown names fail here, as usage errors
   // A plugin is named by its absolute path in every Case, so a repro file replays from any directory.
   if (spec_kind(impl_name) == SpecKind::plugin) {
@@ -281,9 +99,8 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   if (cases < 1) throw UsageError("--cases must be >= 1");
   if (min_cases < 0 || min_cases > cases)
     throw UsageError("--min-cases must be in [0, --cases " + std::to_string(cases) + "]");
-  if (!(budget > 0) || !std::isfinite(budget) || budget > kMaxBudget)
-    throw UsageError("--time-budget must be a number of seconds in (0, 1e8]");
-  check_device(device, false);
+  check_time_budget(budget);
+  check_device(device);
   o.cases = cases;
   o.seed = seed;
   o.budget_s = budget;
@@ -330,7 +147,7 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
     p.skipped = skip.properties.count(name) > 0;
     p.skipped_failures = s.skipped_failed.count(name) ? s.skipped_failed.at(name) : 0;
     for (const auto& f : s.findings)
-      if (f.property == name && f.failed() && !p.skipped) p.failed = true, p.where = f.where, p.detail = f.detail;
+      if (f.property == name && f.failed() && !p.skipped) set_failed(p, f);
     r.properties.push_back(p);
   }
   if (!s.property.empty()) {
@@ -353,9 +170,7 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
         aside.reason = (skip.reason.empty() ? "" : skip.reason + "; ") +
                        fmt::format("found earlier in this run: {}", fmt::join(earlier, ", "));
       }
-      const Finding* head = nullptr;
-      for (const auto& f : fs)
-        if (f.failed() && f.property == property) head = &f;
+      const Finding* head = failed_finding(fs, property);
       std::string repro_line;
       if (!path.empty()) {
         try {
@@ -387,7 +202,7 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
       for (auto& p : r.properties)
         if (p.name == f.property)
           for (const auto& x : f.findings)
-            if (x.property == f.property && x.failed()) p.failed = true, p.where = x.where, p.detail = x.detail;
+            if (x.property == f.property && x.failed()) set_failed(p, x);
     }
     r.exit_code = kExitFailed;
     std::cout << "\n";
@@ -399,15 +214,6 @@ int cmd_check(std::string impl_name, const std::string& plan_text, int cases, ui
   const int shard_min = (min_cases + g.shard_count - 1) / g.shard_count;
   r.exit_code = s.ran == 0 || s.ran < shard_min ? kExitFailed : kExitOk;
   return emit(r, out);
-}
-
-// A Case file named on the command line: a bad one is a usage error.
-Case load_case_argument(const std::string& path) {
-  try {
-    return load_case_file(path);
-  } catch (const CaseError& e) {
-    throw UsageError(e.what());
-  }
 }
 
 int cmd_repro(const std::string& path, const Outputs& out, double case_timeout, const Skip& skip) {
@@ -430,19 +236,7 @@ int cmd_repro(const std::string& path, const Outputs& out, double case_timeout, 
   r.cases_requested = r.cases_run = 1;
   r.skip_reason = skip.reason;
   r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (const auto& f : fs) {
-    report::PropertyResult p;
-    p.name = f.property;
-    p.skipped = skip.properties.count(f.property) > 0;
-    p.skipped_failures = p.skipped && f.failed() ? 1 : 0;
-    p.held = f.held && f.applicable && !p.skipped ? 1 : 0;
-    p.not_applicable = f.applicable || p.skipped ? 0 : 1;
-    p.not_applicable_why = p.not_applicable ? f.detail : "";
-    p.failed = f.failed() && !p.skipped;
-    p.where = f.where;
-    p.detail = f.detail;
-    r.properties.push_back(p);
-  }
+  for (const auto& f : fs) r.properties.push_back(one_case_result(f, skip.properties.count(f.property) > 0));
   for (const auto& f : fs)
     if (f.failed() && !skip.properties.count(f.property)) {
       r.failure = make_failure(c, fs, f, "", skip.properties);
@@ -461,9 +255,8 @@ int cmd_faults(int cases, uint64_t seed, double budget, const std::string& json_
   if (!plugin.empty()) check_impl_spec(plugin);
   check_outputs({{"--json", json_path}});
   if (cases < 1) throw UsageError("--cases must be >= 1");
-  if (!(budget > 0) || !std::isfinite(budget) || budget > kMaxBudget)
-    throw UsageError("--time-budget must be a number of seconds in (0, 1e8]");
-  check_device(device, false);
+  check_time_budget(budget);
+  check_device(device);
   std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device
             << (plugin.empty() ? "" : " via the plugin " + sanitize(plugin, 200)) << "\n\n";
   std::printf("%-24s %-16s %8s  %s\n", "fault", "killed by", "cases", "shrunk case");
@@ -672,7 +465,7 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
     throw EnvironmentError("--plot needs gnuplot (apt-get install gnuplot-nox), which is not on PATH");
   if (cases < 1 || cases > 100000) throw UsageError("--cases must be in [1, 100000]");
   if (!path.empty() && cases_given) throw UsageError("--cases generates Cases: give it or a Case file, not both");
-  check_device(device, false);
+  check_device(device);
   std::vector<Case> todo;
   CaseGenOptions gen;
   gen.allow_autocast = false;  // the audit runs every precision itself
@@ -682,9 +475,7 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
   gen.impl = impl_name.empty() ? "builtin" : impl_name;
   gen.device = device;
   if (!plan_text.empty()) {
-    Plan p;
-    std::string err;
-    if (!Plan::parse(plan_text, p, err)) throw UsageError("--plan: " + sanitize(err, 160));
+    const Plan p = parse_plan("--plan", plan_text);
     if (p.kind == PlanKind::none)
       throw UsageError(
           "--plan none: audit-amp compares runs with and without checkpointing; give a plan that "
@@ -817,26 +608,6 @@ int cmd_audit_amp(const std::string& path, const std::string& impl_name, const s
   return kExitOk;
 }
 
-// "512M", "2G", "1.5GiB", "1048576": bytes; throws UsageError.
-int64_t parse_bytes(const std::string& text) {
-  size_t used = 0;
-  double v = 0.0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  std::string unit = text.substr(used);
-  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  const std::map<std::string, double> units = {{"", 1.0},       {"B", 1.0},     {"K", 0x1p10},  {"KB", 0x1p10},
-                                               {"KIB", 0x1p10}, {"M", 0x1p20},  {"MB", 0x1p20}, {"MIB", 0x1p20},
-                                               {"G", 0x1p30},   {"GB", 0x1p30}, {"GIB", 0x1p30}};
-  const auto u = units.find(unit);
-  if (used == 0 || u == units.end() || !std::isfinite(v) || v <= 0 || v * u->second > 0x1p50)
-    throw UsageError("--memory-budget \"" + sanitize(text) + "\" is not a size such as 512M or 2G (at most 1 PiB)");
-  return static_cast<int64_t>(v * u->second);
-}
-
 struct BenchArgs {
   std::string case_path, preset, plans, device = "cpu", json_path, out_dir, budget;
   std::vector<std::string> impls;  // --impl, repeatable, each a comma list of specs
@@ -848,32 +619,6 @@ struct BenchArgs {
   int verify_cases = 30;                // the gate's verdict per plan and strategy (0: none)
   std::vector<std::string> only;        // Case fields the verification fixes
 };
-
-Plan parsed_plan(const std::string& text) {
-  Plan p;
-  std::string err;
-  if (!Plan::parse(text, p, err)) throw std::logic_error("bench: plan " + text + ": " + err);
-  return p;
-}
-
-// `--impl A,B,...`: a comma starts the next spec unless what follows it, up to the next ':' or ',', is a
-// key=value option of the spec before (py:M:F:a=1,b=2); commas inside brackets or quotes never split.
-std::vector<std::string> split_impl_list(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  for (size_t comma = top_level_comma(text, 0); comma < text.size(); comma = top_level_comma(text, comma + 1)) {
-    const size_t end = text.find_first_of(",:", comma + 1);
-    const std::string next = text.substr(comma + 1, end == std::string::npos ? std::string::npos : end - comma - 1);
-    if (next.find('=') != std::string::npos) continue;  // an option of the spec before
-    out.push_back(text.substr(start, comma - start));
-    start = comma + 1;
-  }
-  out.push_back(text.substr(start));
-  for (const auto& spec : out)
-    if (spec.empty())
-      throw UsageError("--impl \"" + sanitize(text, 200) + "\" has an empty implementation in its list");
-  return out;
-}
 
 // The gate's verdict on one bench entry: `cases` generated Cases (small: the generator's, not the
 // bench Case) with the plan or the strategy, in this process.
@@ -891,8 +636,7 @@ std::string bench_verdict(const std::string& impl, const std::optional<Plan>& pl
   const SearchResult s = search(so);
   if (!s.property.empty()) {
     std::string detail;
-    for (const Finding& f : s.findings)
-      if (f.property == s.property && f.failed()) detail = f.where + ": " + f.detail;
+    if (const Finding* f = failed_finding(s.findings, s.property)) detail = f->where + ": " + f->detail;
     if (detail_out)
       *detail_out = to_line(s.failing_case) + (detail.empty() ? "" : "\n    " + detail.substr(0, detail.find('\n')));
     return "FAILED " + s.property;
@@ -921,11 +665,11 @@ int cmd_bench(BenchArgs a) {
     }
   if (specs.empty()) specs.push_back("builtin");
   const std::string impl_text = fmt::format("{}", fmt::join(specs, ","));
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = machine_cores();
   if (a.threads < 0 || a.threads > 1024) throw UsageError("--threads must be in [1, 1024]");
   const int threads = a.threads > 0 ? a.threads : cores;
   const int64_t budget = a.budget.empty() ? 0 : parse_bytes(a.budget);
-  check_device(a.device, false);
+  check_device(a.device);
   // Outputs: --json, and the files under --out, all checked before any work.
   std::vector<std::pair<std::string, std::string>> outs = {{"--json", a.json_path}};
   if (!a.out_dir.empty()) {
@@ -957,15 +701,7 @@ int cmd_bench(BenchArgs a) {
   c.impl = specs.front();
   validate(c);
   if (a.verify_cases < 0 || a.verify_cases > 100000) throw UsageError("--verify-cases must be in [0, 100000]");
-  std::string only;
-  for (const auto& w : a.only) {
-    try {
-      case_from_line(w);
-    } catch (const CaseError& e) {
-      throw UsageError("--only: " + std::string(e.what()));
-    }
-    only += (only.empty() ? "" : " ") + w;
-  }
+  const std::string only = parse_only(a.only);
   std::vector<std::pair<std::string, std::string>> strategies;  // label, impl spec
   for (const auto& s : a.strategies) {
     const std::string spec = strategy_spec(s);
@@ -983,9 +719,7 @@ int cmd_bench(BenchArgs a) {
     std::string item;
     bool none = false;
     while (std::getline(ss, item, ',')) {
-      Plan p;
-      std::string err;
-      if (!Plan::parse(item, p, err)) throw UsageError("--plans: " + sanitize(err, 160));
+      const Plan p = parse_plan("--plans", item);
       if (const std::string bad = p.invalid_for(c.model.layers); !bad.empty()) throw UsageError("--plans: " + bad);
       if (std::any_of(plans.begin(), plans.end(), [&](const Plan& q) { return q == p; }))
         throw UsageError("--plans: " + p.to_string() + " is listed twice");
@@ -1038,9 +772,10 @@ int cmd_bench(BenchArgs a) {
       o.progress("verifying " + p.plan + (p.impl.empty() ? "" : " (" + p.impl + ")"));
       const auto st =
           std::find_if(strategies.begin(), strategies.end(), [&](const auto& e) { return e.first == p.plan; });
-      p.verified = p.impl.empty() && st != strategies.end()
-                       ? bench_verdict(st->second, std::nullopt, true, a.verify_cases, only, &p.verified_detail)
-                       : bench_verdict(p.impl, parsed_plan(p.plan), false, a.verify_cases, only, &p.verified_detail);
+      p.verified =
+          p.impl.empty() && st != strategies.end()
+              ? bench_verdict(st->second, std::nullopt, true, a.verify_cases, only, &p.verified_detail)
+              : bench_verdict(p.impl, parse_plan("bench", p.plan), false, a.verify_cases, only, &p.verified_detail);
     }
     torch::set_num_threads(threads);
   }
@@ -1133,7 +868,7 @@ int main(int argc, char** argv) {
   check->add_option("--markdown", outs.markdown, "Write the report as Markdown to this file");
   check->add_option("--repro-file", repro_path, "Where the shrunk failing Case is written")->capture_default_str();
   check->add_option("--device", device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int cores = machine_cores();
   int jobs = cores;
   double case_timeout = 120;
   std::string shard;
@@ -1352,12 +1087,7 @@ int main(int argc, char** argv) {
   // check, repro and faults run it in workers (workers.hpp).
   auto run_command = [&]() -> int {
     try {
-      try {  // the Case's own seed parser: decimal, in [0, 2^64), nothing after it
-        seed = case_from_line("seed=" + seed_text).seed;
-        if (seed_text.find_first_not_of("0123456789") != std::string::npos) throw CaseError("not a decimal number");
-      } catch (const CaseError&) {
-        throw UsageError("--seed \"" + sanitize(seed_text) + "\" is not an integer in [0, 2^64)");
-      }
+      seed = parse_seed(seed_text);
       if (*worker) return worker_main(worker_impl, worker_threads);
       if (*check)
         return cmd_check(impl, plan, cases, seed, budget, outs, repro_path, device,
