@@ -43,6 +43,12 @@ void check_invocation(const CLI::App& app) {
           if (v.empty()) throw UsageError(opt->get_name() + " is empty");
 }
 
+CLI::Option* add_file(CLI::App* command, const std::string& name, FileArg& file, const std::string& help) {
+  return command->add_option(name, file.given, help)->each([&file](const std::string& given) {
+    file = file_arg(given);
+  });
+}
+
 Case load_case_argument(const std::string& path) {
   try {
     return load_case_file(path);

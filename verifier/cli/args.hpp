@@ -36,6 +36,12 @@ std::string command_line(int argc, char** argv);
 // this machine's problem, said up front, not an internal error half-way through a run).
 void check_invocation(const CLI::App& app);
 
+// An option naming a file (or a directory) the command writes, or reads after it may have loaded an
+// implementation: `file.given` takes the value, and `file.path` is resolved as the command line is
+// parsed (output.hpp: FileArg), before anything is loaded. A default belongs in `file` beforehand
+// (file_arg), resolved then.
+CLI::Option* add_file(CLI::App* command, const std::string& name, FileArg& file, const std::string& help);
+
 // A Case file named on the command line: a bad one is a usage error.
 Case load_case_argument(const std::string& path);
 

@@ -38,8 +38,8 @@ CLI::App* add_audit_amp(CLI::App& app, AuditAmpArgs& a) {
       ->capture_default_str()
       ->each([&a](const std::string&) { a.cases_given = true; });
   audit->add_option("--seed", a.seed_text, "Seed for generated Cases, in [0, 2^64)")->capture_default_str();
-  audit->add_option("--json", a.json, "Write the audit as JSON to this file");
-  audit->add_option("--plot", a.plot, "Write the per-group error plot (PNG, through gnuplot) to this file");
+  add_file(audit, "--json", a.json, "Write the audit as JSON to this file");
+  add_file(audit, "--plot", a.plot, "Write the per-group error plot (PNG, through gnuplot) to this file");
   audit->add_option("--device", a.device, "Device: cpu, cuda or cuda:N")->capture_default_str();
   add_stall_timeout(audit, a.stall_timeout);
   return audit;
@@ -53,12 +53,13 @@ void finish_audit_amp(AuditAmpArgs& a) {
 int run_audit_amp(const AuditAmpArgs& a) {
   using nlohmann::json;
   const std::string &path = a.case_path, &impl_name = a.impl, &plan_text = a.plan;
-  const std::string &json_path = a.json, &plot_path = a.plot, &device = a.device;
+  const std::string& device = a.device;
+  const FileArg &json_path = a.json, &plot_path = a.plot;
   const int cases = a.cases;
   const bool cases_given = a.cases_given;
   const uint64_t seed = a.seed;
   check_outputs({{"--json", json_path}, {"--plot", plot_path}}, {{"the case file", path}});
-  auto lower = plot_path;
+  std::string lower = plot_path.given;
   for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (!plot_path.empty() && (lower.size() < 4 || lower.compare(lower.size() - 4, 4, ".png") != 0))
     throw UsageError("--plot must name a .png file");
@@ -190,7 +191,7 @@ int run_audit_amp(const AuditAmpArgs& a) {
   if (!plot_path.empty()) {
     const report::LinePlot p = amp_error_plot(rows, plan_name, impl);
     try {
-      report::write_png(p, plot_path);
+      report::write_png(p, plot_path.path);
     } catch (const report::PlotError& e) {
       throw EnvironmentError(std::string("--plot: ") + e.what());
     }

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "verifier/cli/output.hpp"
+
 namespace CLI {
 class App;
 }
@@ -14,7 +16,8 @@ class App;
 namespace ckv::cli {
 
 struct AuditAmpArgs {
-  std::string case_path, impl, plan, seed_text = "1", json, plot, device = "cpu";
+  std::string case_path, impl, plan, seed_text = "1", device = "cpu";
+  FileArg json, plot;
   int cases = 50;
   bool cases_given = false;
   double stall_timeout = 300;

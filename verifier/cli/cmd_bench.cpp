@@ -62,7 +62,7 @@ CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
       "Per checkpoint plan: peak and kept tensor memory, step time (forward, backward, optimizer), recompute "
       "overhead against its bound, tokens/s, loss curves; optionally the growth law, the largest batch within a "
       "memory budget, and a Markdown report with plots.");
-  bench->add_option("case", a.case_path, "Case JSON file (or --preset)");
+  add_file(bench, "case", a.case_file, "Case JSON file (or --preset)");
   bench->add_option(
       "--preset", a.preset,
       "seed-lab: seed 001's 20-layer lab and its 14 plans (D=256 on CPU, the seed's D=2048, B=2, S=2048 on CUDA)");
@@ -102,9 +102,9 @@ CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
   bench->add_flag("--growth", a.growth,
                   "Also measure activation peak against depth (L = 4, 9, 16, 25, 36) for none and sqrt");
   bench->add_flag("--amp", a.amp, "Also run the AMP drift audit on the Case (into the report)");
-  bench->add_option("--json", a.json_path, "Write the results as JSON to this file");
-  bench->add_option("--out", a.out_dir,
-                    "Write report.md, plots (PNG, through gnuplot), CSV and JSON into this directory");
+  add_file(bench, "--json", a.json, "Write the results as JSON to this file");
+  add_file(bench, "--out", a.out_dir,
+           "Write report.md, plots (PNG, through gnuplot), CSV and JSON into this directory");
   return bench;
 }
 
@@ -114,7 +114,7 @@ void finish_bench(BenchArgs& a) {
 
 int run_bench(const BenchArgs& args) {
   BenchArgs a = args;
-  if (!a.case_path.empty() && !a.preset.empty()) throw UsageError("give a Case file or --preset, not both");
+  if (!a.case_file.empty() && !a.preset.empty()) throw UsageError("give a Case file or --preset, not both");
   if (!a.preset.empty() && a.preset != "seed-lab")
     throw UsageError("--preset \"" + sanitize(a.preset) + "\": known presets: seed-lab");
   if (a.warmup < 0 || a.warmup > 100) throw UsageError("--warmup must be in [0, 100]");
@@ -139,15 +139,17 @@ int run_bench(const BenchArgs& args) {
   const int64_t budget = a.budget.empty() ? 0 : parse_bytes(a.budget);
   check_device(a.device);
   // Outputs: --json, and the files under --out, all checked before any work.
-  std::vector<std::pair<std::string, std::string>> outs = {{"--json", a.json_path}};
+  std::vector<std::pair<std::string, FileArg>> outs = {{"--json", a.json}};
   if (!a.out_dir.empty()) {
     struct stat st {};
-    if (::lstat(a.out_dir.c_str(), &st) == 0) {
-      if (!S_ISDIR(st.st_mode)) throw UsageError("--out \"" + sanitize(a.out_dir) + "\" exists and is not a directory");
+    if (::lstat(a.out_dir.path.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode))
+        throw UsageError("--out \"" + sanitize(a.out_dir.given) + "\" exists and is not a directory");
     } else {
-      const std::filesystem::path parent = std::filesystem::path(a.out_dir).parent_path();
-      if (!parent.empty() && !std::filesystem::is_directory(parent))
-        throw UsageError("--out: the directory " + sanitize(parent.string()) + " does not exist");
+      const std::filesystem::path parent = std::filesystem::path(a.out_dir.given).parent_path();
+      if (!std::filesystem::is_directory(std::filesystem::path(a.out_dir.path).parent_path()))
+        throw UsageError("--out: the directory " + sanitize(parent.empty() ? "." : parent.string()) +
+                         " does not exist");
     }
     if (!report::gnuplot_available())
       throw EnvironmentError("--out writes plots through gnuplot (apt-get install gnuplot-nox), which is not on PATH");
@@ -155,8 +157,8 @@ int run_bench(const BenchArgs& args) {
   Case c;
   if (!a.preset.empty()) {
     c = seed_lab_case(a.device);
-  } else if (!a.case_path.empty()) {
-    c = load_case_argument(a.case_path);
+  } else if (!a.case_file.empty()) {
+    c = load_case_argument(a.case_file.given);  // (nothing is loaded yet that could have changed directory)
   } else {
     throw UsageError("give a Case file or --preset seed-lab");
   }
@@ -199,17 +201,17 @@ int run_bench(const BenchArgs& args) {
     plans = a.preset.empty() ? default_bench_plans(c) : seed_lab_plans();
   }
   if (!a.out_dir.empty())
-    for (const auto& f : bench_report_files(a.growth, a.amp)) outs.emplace_back("--out", a.out_dir + "/" + f);
+    for (const auto& f : bench_report_files(a.growth, a.amp)) outs.emplace_back("--out", inside(a.out_dir, f));
   bool created = false;
-  if (!a.out_dir.empty() && !std::filesystem::exists(a.out_dir)) {
+  if (!a.out_dir.empty() && !std::filesystem::exists(a.out_dir.path)) {
     std::error_code ec;
-    created = std::filesystem::create_directory(a.out_dir, ec);
-    if (ec) throw UsageError("--out: cannot create " + sanitize(a.out_dir) + ": " + ec.message());
+    created = std::filesystem::create_directory(a.out_dir.path, ec);
+    if (ec) throw UsageError("--out: cannot create " + sanitize(a.out_dir.given) + ": " + ec.message());
   }
   try {
-    check_outputs(outs, {{"the case file", a.case_path}});
+    check_outputs(outs, {{"the case file", a.case_file.path}});
   } catch (...) {
-    if (created) ::rmdir(a.out_dir.c_str());
+    if (created) ::rmdir(a.out_dir.path.c_str());
     throw;
   }
 
@@ -269,10 +271,10 @@ int run_bench(const BenchArgs& args) {
     std::cout << fmt::format("\nAMP audit (plan {}): {}\n", amp->plan,
                              amp->exceeded.empty() && amp->failed.empty() ? "checkpoint drift within its allowance"
                                                                           : "checkpoint drift exceeds its allowance");
-  if (!a.json_path.empty()) write_atomically(a.json_path, bench_json(r, impl_text, a.device, threads).dump(2) + "\n");
+  if (!a.json.empty()) write_atomically(a.json, bench_json(r, impl_text, a.device, threads).dump(2) + "\n");
   if (!a.out_dir.empty()) {
     write_bench_report(a.out_dir, r, amp ? &*amp : nullptr, impl_text, a.device, threads, a.command);
-    std::cout << "report: " << a.out_dir << "/report.md\n";
+    std::cout << "report: " << a.out_dir.given << "/report.md\n";
   }
   std::vector<std::string> failed;
   auto row = [](const PlanBench& p) { return p.impl.empty() ? p.plan : p.plan + " (" + p.impl + ")"; };

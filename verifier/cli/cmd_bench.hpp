@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "verifier/cli/output.hpp"
+
 namespace CLI {
 class App;
 }
@@ -14,7 +16,9 @@ class App;
 namespace ckv::cli {
 
 struct BenchArgs {
-  std::string case_path, preset, plans, device = "cpu", json_path, out_dir, budget;
+  std::string preset, plans, device = "cpu", budget;
+  FileArg case_file;  // read before any implementation is loaded, compared with the outputs after
+  FileArg json, out_dir;
   std::vector<std::string> impls;  // --impl, repeatable, each a comma list of specs
   int warmup = 1, repeats = 8, max_repeats = 60, threads = 0;
   double time_cap = 300, target = 0.02;

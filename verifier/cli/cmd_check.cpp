@@ -33,11 +33,10 @@ CLI::App* add_check(CLI::App& app, CheckArgs& a) {
       ->add_option("--time-budget", a.budget,
                    "Stop after this many seconds, shrinking included (the report says how many cases ran)")
       ->capture_default_str();
-  check->add_option("--json", a.outputs.json, "Write the report as JSON to this file");
-  check->add_option("--junit", a.outputs.junit,
-                    "Write the report as JUnit XML (one testcase per property) to this file");
-  check->add_option("--markdown", a.outputs.markdown, "Write the report as Markdown to this file");
-  check->add_option("--repro-file", a.repro_file, "Where the shrunk failing Case is written")->capture_default_str();
+  add_file(check, "--json", a.outputs.json, "Write the report as JSON to this file");
+  add_file(check, "--junit", a.outputs.junit, "Write the report as JUnit XML (one testcase per property) to this file");
+  add_file(check, "--markdown", a.outputs.markdown, "Write the report as Markdown to this file");
+  add_file(check, "--repro-file", a.repro_file, "Where the shrunk failing Case is written")->capture_default_str();
   check->add_option("--device", a.device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
   check->add_option("--strategy", a.strategy,
                     "Gate checkpointing strategy code instead of a checkpoint function: py:MODULE:FUNC[:key=value,...] "
@@ -89,7 +88,7 @@ int run_check(const CheckArgs& a) {
   const std::string& plan_text = a.plan;
   const std::string& strategy = a.strategy;
   const std::string& device = a.device;
-  const std::string& repro_path = a.repro_file;
+  const FileArg& repro_path = a.repro_file;
   const Outputs& out = a.outputs;
   const GateOptions& g = a.gate;
   const Skip& skip = a.skipped;
@@ -133,7 +132,7 @@ int run_check(const CheckArgs& a) {
                      "(CheckpointImpl::is_strategy)");
   if (const std::string why = unobservable_here(impl_info(impl_name), device); !why.empty())
     throw EnvironmentError(why);
-  std::vector<std::pair<std::string, std::string>> paths = out.paths();
+  std::vector<std::pair<std::string, FileArg>> paths = out.paths();
   paths.emplace_back("--repro-file", repro_path);
   check_outputs(paths);
   if (cases < 1) throw UsageError("--cases must be >= 1");
@@ -203,7 +202,7 @@ int run_check(const CheckArgs& a) {
     // sets them aside too, so the replay's headline is its own property.
     std::vector<std::string> earlier;
     auto finding = [&](const std::string& property, const Case& c, const std::vector<Finding>& fs, int index,
-                       const std::string& path) {
+                       const FileArg& path) {
       Skip aside = skip;
       if (!earlier.empty()) {
         for (const auto& e : earlier) aside.properties.insert(e);
@@ -215,7 +214,7 @@ int run_check(const CheckArgs& a) {
       if (!path.empty()) {
         try {
           write_atomically(path, to_json(c));
-          repro_line = repro_env + "ckverify repro " + shell_quote(path) + aside.args();
+          repro_line = repro_env + "ckverify repro " + shell_quote(path.given) + aside.args();
         } catch (const UsageError& e) {
           write_error += std::string(write_error.empty() ? "" : "; ") + e.what();
         }
@@ -232,11 +231,7 @@ int run_check(const CheckArgs& a) {
     r.failure = finding(s.property, s.failing_case, s.findings, s.failing_index, repro_path);
     r.shrink_note = note(s.shrink_steps, s.shrink_cut_short);
     for (const FoundFailure& f : s.further) {
-      std::string path;
-      if (!repro_path.empty()) {
-        const std::filesystem::path p(repro_path);
-        path = (p.parent_path() / (p.stem().string() + "." + f.property + p.extension().string())).string();
-      }
+      const FileArg path = repro_path.empty() ? FileArg{} : beside(repro_path, f.property);
       r.further.push_back(finding(f.property, f.failing_case, f.findings, f.failing_index, path));
       r.further.back().shrink_note = note(f.shrink_steps, f.shrink_cut_short);
       for (auto& p : r.properties)

@@ -21,7 +21,7 @@ struct CheckArgs {
   int cases = 2000, jobs = machine_cores(), min_cases = 0, max_findings = 1;
   double budget = 180, case_timeout = 120;
   Outputs outputs;
-  std::string repro_file = "ckverify-repro.json";
+  FileArg repro_file = file_arg("ckverify-repro.json");
   std::vector<std::string> only, skip;
   std::string reason;
   // From the above (finish_check):

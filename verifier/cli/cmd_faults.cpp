@@ -19,7 +19,7 @@ CLI::App* add_faults(CLI::App& app, FaultsArgs& a) {
   faults->add_option("--cases", a.cases, "Cases per fault before it counts as having survived")->capture_default_str();
   faults->add_option("--seed", a.seed_text, "Seed in [0, 2^64)")->capture_default_str();
   faults->add_option("--time-budget", a.budget, "Per fault: stop after this many seconds")->capture_default_str();
-  faults->add_option("--json", a.json, "Write the table as JSON to this file");
+  add_file(faults, "--json", a.json, "Write the table as JSON to this file");
   faults->add_option("--device", a.device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
   faults->add_option("-j,--jobs", a.jobs, "Worker processes (default: the machine's cores)")->capture_default_str();
   faults->add_option("--case-timeout", a.case_timeout, "Seconds one case may take before it counts as a hang")
@@ -40,7 +40,8 @@ int run_faults(const FaultsArgs& a) {
   const int cases = a.cases;
   const uint64_t seed = a.seed;
   const double budget = a.budget;
-  const std::string &json_path = a.json, &device = a.device, &plugin = a.plugin;
+  const std::string &device = a.device, &plugin = a.plugin;
+  const FileArg& json_path = a.json;
   const GateOptions& g = a.gate;
   if (!plugin.empty() && spec_kind(plugin) != SpecKind::plugin)
     throw UsageError("--plugin " + sanitize(plugin, 200) + ": give the path of the faults plugin (a .so)");

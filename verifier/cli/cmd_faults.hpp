@@ -16,7 +16,8 @@ namespace ckv::cli {
 
 struct FaultsArgs {
   int cases = 500, jobs = machine_cores();
-  std::string seed_text = "1", json, device = "cpu", plugin;
+  std::string seed_text = "1", device = "cpu", plugin;
+  FileArg json;
   double budget = 120, case_timeout = 120;
   // From the above (finish_faults):
   uint64_t seed = 1;

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "verifier/case/case.hpp"
+#include "verifier/cli/args.hpp"
 #include "verifier/cli/output.hpp"
 
 namespace ckv::cli {
@@ -14,9 +15,9 @@ CLI::App* add_merge(CLI::App& app, MergeArgs& a) {
   CLI::App* merge = app.add_subcommand(
       "merge", "Combine the --json reports of the shards of one `check` run (--shard K/N) into one verdict.");
   merge->add_option("reports", a.inputs, "The shards' JSON reports")->required();
-  merge->add_option("--json", a.outputs.json, "Write the merged report as JSON to this file");
-  merge->add_option("--junit", a.outputs.junit, "Write the merged report as JUnit XML to this file");
-  merge->add_option("--markdown", a.outputs.markdown, "Write the merged report as Markdown to this file");
+  add_file(merge, "--json", a.outputs.json, "Write the merged report as JSON to this file");
+  add_file(merge, "--junit", a.outputs.junit, "Write the merged report as JUnit XML to this file");
+  add_file(merge, "--markdown", a.outputs.markdown, "Write the merged report as Markdown to this file");
   return merge;
 }
 

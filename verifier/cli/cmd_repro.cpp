@@ -16,9 +16,9 @@ namespace ckv::cli {
 CLI::App* add_repro(CLI::App& app, ReproArgs& a) {
   CLI::App* repro = app.add_subcommand("repro", "Replay one Case file deterministically and print the diagnosis.");
   repro->add_option("case", a.case_path, "Case JSON file (as written by `check`)")->required();
-  repro->add_option("--json", a.outputs.json, "Write the report as JSON to this file");
-  repro->add_option("--junit", a.outputs.junit, "Write the report as JUnit XML to this file");
-  repro->add_option("--markdown", a.outputs.markdown, "Write the report as Markdown to this file");
+  add_file(repro, "--json", a.outputs.json, "Write the report as JSON to this file");
+  add_file(repro, "--junit", a.outputs.junit, "Write the report as JUnit XML to this file");
+  add_file(repro, "--markdown", a.outputs.markdown, "Write the report as Markdown to this file");
   repro->add_option("--case-timeout", a.case_timeout, "Seconds the case may take before it counts as a hang")
       ->capture_default_str();
   repro->add_option("--skip", a.skip, "PROPERTY: set aside, as for check (needs --reason)")->allow_extra_args(false);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
 
 #include "verifier/cli/args.hpp"
 #include "verifier/impls/registry.hpp"
@@ -23,7 +24,7 @@ CLI::App* add_train(CLI::App& app, TrainArgs& a) {
   train->add_option("case", a.case_path, "Case JSON file")->required();
   train->add_option("--until", a.until, "Stop after this many micro-batches (default: the end: steps x micro)")
       ->each([&a](const std::string&) { a.until_given = true; });
-  train->add_option("--save", a.save, "Write the training state there at the end (format: verifier/run/state.hpp)");
+  add_file(train, "--save", a.save, "Write the training state there at the end (format: verifier/run/state.hpp)");
   train->add_option("--resume", a.resume, "Start from this state file (saved from the same Case)");
   add_stall_timeout(train, a.stall_timeout);
   return train;
@@ -35,14 +36,21 @@ void finish_train(TrainArgs& a) {
 }
 
 int run_train(const TrainArgs& a) {
-  const std::string &path = a.case_path, &save = a.save, &resume = a.resume;
+  const std::string &path = a.case_path, &resume = a.resume;
+  const FileArg& save = a.save;
   const int until = a.until;
   Case c = load_case_argument(path);
   check_impl_spec(c.impl);
   check_outputs({{"--save", save}}, {{"the case file", path}, {"--resume", resume}});
+  // The state file is read before the implementation is loaded: its code may change the working directory.
+  std::optional<TrainingState> state;
+  if (!resume.empty()) state = load_state_file(resume, c);
   const std::unique_ptr<CheckpointImpl> impl = make_impl(c.impl);
   TrainingRun run(c, impl.get());
-  if (!resume.empty()) run.load(load_state_file(resume, c));
+  if (state) {
+    run.load(*state);
+    state.reset();  // (it may be large)
+  }
   const int target = until < 0 ? run.end() : until;
   if (target > run.end())
     throw UsageError(
@@ -82,7 +90,7 @@ int run_train(const TrainArgs& a) {
   }
   if (!save.empty()) {
     write_atomically(save, encode_state(run.state(StateFault::none)));
-    std::cout << "saved the state at micro-batch " << run.position() << " to " << sanitize(save) << "\n";
+    std::cout << "saved the state at micro-batch " << run.position() << " to " << sanitize(save.given) << "\n";
   }
   std::cout << fmt::format("position {}/{} digest {}", run.position(), run.end(), run.digest()) << std::endl;
   return kExitOk;

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "verifier/cli/output.hpp"
+
 namespace CLI {
 class App;
 }
@@ -13,7 +15,8 @@ class App;
 namespace ckv::cli {
 
 struct TrainArgs {
-  std::string case_path, save, resume;
+  std::string case_path, resume;
+  FileArg save;
   int until = -1;  // -1: the end (steps x micro)
   bool until_given = false;
   double stall_timeout = 300;

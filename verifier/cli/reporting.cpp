@@ -54,13 +54,13 @@ int emit(report::Report& r, const Outputs& out) {
   r.torch = TORCH_VERSION;
   std::cout << report::to_console(r) << std::flush;
   std::string failed;
-  for (const auto& [option, path] : out.paths()) {
-    if (path.empty()) continue;
+  for (const auto& [option, file] : out.paths()) {
+    if (file.empty()) continue;
     const std::string text = option == "--json"    ? report::to_json(r)
                              : option == "--junit" ? report::to_junit_xml(r)
                                                    : report::to_markdown(r);
     try {
-      write_atomically(path, text);
+      write_atomically(file, text);
     } catch (const UsageError& e) {
       failed += std::string(failed.empty() ? "" : "; ") + e.what();
     }

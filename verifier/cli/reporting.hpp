@@ -11,6 +11,7 @@
 #include "properties/property.hpp"
 #include "reports/report.hpp"
 #include "verifier/case/case.hpp"
+#include "verifier/cli/output.hpp"
 
 namespace ckv::cli {
 
@@ -29,10 +30,10 @@ report::PropertyResult one_case_result(const Finding& f, bool skipped);
 report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, const Finding& head,
                              const std::string& repro, const std::set<std::string>& skipped = {});
 
-// The report files of check, repro and merge ("" for the ones not asked for).
+// The report files of check, repro and merge (empty for the ones not asked for).
 struct Outputs {
-  std::string json, junit, markdown;
-  std::vector<std::pair<std::string, std::string>> paths() const {
+  FileArg json, junit, markdown;
+  std::vector<std::pair<std::string, FileArg>> paths() const {
     return {{"--json", json}, {"--junit", junit}, {"--markdown", markdown}};
   }
 };

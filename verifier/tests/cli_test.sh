@@ -241,6 +241,57 @@ expect 2 "bench: a plan invalid for the Case" -- "$ck" bench bench.json --plans 
 expect 2 "bench: --out in a missing directory" -- "$ck" bench bench.json --out nodir/rep2
 grep -q "^fp32 .* layer0 .* 1.000e+00" out.txt && bad "frozen parameters counted as errors against fp64"
 
+# Files named relative to where ckverify was started are resolved as the command line is parsed: an
+# implementation whose code changes the working directory on loading (a Python module that chdir()s on
+# import, as a plugin may too) cannot move what is written or read after it loaded.
+if "$ck" check --impl py:no_such_module:f --cases 1 2>&1 | grep -q "no Python bridge"; then
+  echo "not on this build (no Python bridge): files named relative to the start directory, after a chdir"
+else
+  start="$PWD"
+  mkdir -p chdir/mod chdir/away chdir/here
+  cat > chdir/mod/ckv_chdir_impl.py <<'EOF'
+import os
+import torch.utils.checkpoint as tc
+
+os.chdir(os.environ["CKV_CHDIR_TO"])  # on import, before ckverify writes anything
+
+
+def checkpoint(segment, *args):
+    return tc.checkpoint(segment, *args, use_reentrant=False)
+
+
+def strategy(blocks, x):
+    return tc.checkpoint_sequential(blocks, len(blocks), x, use_reentrant=False)
+
+
+def forgets_rng(blocks, x):
+    return tc.checkpoint_sequential(blocks, len(blocks), x, use_reentrant=False, preserve_rng_state=False)
+EOF
+  export CKV_CHDIR_TO="$start/chdir/away"
+  pp="$start/chdir/mod${PYTHONPATH:+:$PYTHONPATH}"
+  cd chdir/here
+  "$ck" case layers=2 d=8 heads=2 steps=2 plan=block impl=py:ckv_chdir_impl:checkpoint > c.json
+  expect 0 "train --save, the module changing directory" -- env PYTHONPATH="$pp" "$ck" train c.json --until 1 --save s.ckv
+  expect 0 "train --resume, the module changing directory" -- env PYTHONPATH="$pp" "$ck" train c.json --resume s.ckv
+  grep -q "^resumed at micro-batch 1" out.txt || { bad "train --resume after a chdir"; cat out.txt err.txt; }
+  expect 0 "audit-amp --json --plot, the module changing directory" -- env PYTHONPATH="$pp" "$ck" audit-amp c.json \
+    --json amp.json --plot amp.png
+  expect 0 "bench --json --out, the module changing directory" -- env PYTHONPATH="$pp" "$ck" bench c.json \
+    --impl py:ckv_chdir_impl:checkpoint --plans block --warmup 0 --repeats 1 --max-repeats 1 --verify-cases 0 \
+    --json bench.json --out rep
+  expect 0 "check --strategy and its reports, the module changing directory" -- env PYTHONPATH="$pp" "$ck" check \
+    --strategy py:ckv_chdir_impl:strategy --only fx=none --cases 3 --json r.json --junit r.xml --markdown r.md
+  expect 1 "check --strategy's repro files, the module changing directory" -- env PYTHONPATH="$pp" "$ck" check \
+    --strategy py:ckv_chdir_impl:forgets_rng --only fx=none --only drop=0.3 --cases 30 --max-findings 2 \
+    --repro-file rng.json
+  for f in s.ckv amp.json amp.png bench.json rep/report.md r.json r.xml r.md rng.json; do
+    [ -s "$f" ] || bad "$f was not written where it was named (the start directory)"
+  done
+  [ -z "$(ls -A "$CKV_CHDIR_TO")" ] || { bad "written where the module changed directory to:"; ls -A "$CKV_CHDIR_TO"; }
+  cd "$start"
+  unset CKV_CHDIR_TO
+fi
+
 # The time budget bounds the whole run, however many cases are asked for.
 start=$(date +%s)
 expect 0 "the time budget bounds the run" -- "$ck" check --cases 20000000 --time-budget 2
