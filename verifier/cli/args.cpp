@@ -57,6 +57,11 @@ Case load_case_argument(const std::string& path) {
   }
 }
 
+void check_count(const std::string& option, int value, int lo, int hi) {
+  if (value < lo || value > hi)
+    throw UsageError(option + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
 uint64_t parse_seed(const std::string& text) {
   try {
     const uint64_t seed = case_from_line("seed=" + text).seed;
@@ -109,7 +114,7 @@ void GateOptions::apply(SearchOptions& o) const {
 
 GateOptions gate_options(int jobs, double case_timeout, const std::string& shard) {
   GateOptions g;
-  if (jobs < 1 || jobs > 256) throw UsageError("-j/--jobs must be in [1, 256]");
+  check_count("-j/--jobs", jobs, 1, 256);
   check_case_timeout(case_timeout);
   g.jobs = jobs, g.case_timeout_s = case_timeout;
   if (!shard.empty() && !report::parse_shard(shard, g.shard_index, g.shard_count))

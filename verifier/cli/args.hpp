@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "reports/report.hpp"
 #include "verifier/case/case.hpp"
 #include "verifier/cli/output.hpp"
 
@@ -44,6 +45,15 @@ CLI::Option* add_file(CLI::App* command, const std::string& name, FileArg& file,
 
 // A Case file named on the command line: a bad one is a usage error.
 Case load_case_argument(const std::string& path);
+
+// A count given on the command line (cases, rounds, findings, ...) in [lo, hi]: checked before anything
+// is sized by it, "OPTION must be in [lo, hi]" otherwise.
+void check_count(const std::string& option, int value, int lo, int hi);
+// The most generated cases a search takes (check, faults: --cases; their time budget ends a run that
+// asks for more than it can run), and a command that generates every Case up front and runs each to
+// the end (audit-amp --cases; bench --verify-cases).
+constexpr int kMaxSearchCases = report::kMaxCases;
+constexpr int kMaxRunEveryCase = 100000;
 
 // --seed: decimal, in [0, 2^64), nothing after it (the Case's own seed parser).
 uint64_t parse_seed(const std::string& text);

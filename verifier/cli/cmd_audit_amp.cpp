@@ -48,6 +48,7 @@ CLI::App* add_audit_amp(CLI::App& app, AuditAmpArgs& a) {
 void finish_audit_amp(AuditAmpArgs& a) {
   check_stall_timeout(a.stall_timeout);
   a.seed = parse_seed(a.seed_text);
+  check_count("--cases", a.cases, 1, kMaxRunEveryCase);
 }
 
 int run_audit_amp(const AuditAmpArgs& a) {
@@ -65,7 +66,6 @@ int run_audit_amp(const AuditAmpArgs& a) {
     throw UsageError("--plot must name a .png file");
   if (!plot_path.empty() && !report::gnuplot_available())
     throw EnvironmentError("--plot needs gnuplot (apt-get install gnuplot-nox), which is not on PATH");
-  if (cases < 1 || cases > 100000) throw UsageError("--cases must be in [1, 100000]");
   if (!path.empty() && cases_given) throw UsageError("--cases generates Cases: give it or a Case file, not both");
   check_device(device);
   std::vector<Case> todo;

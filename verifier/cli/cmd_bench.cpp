@@ -110,20 +110,22 @@ CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
 
 void finish_bench(BenchArgs& a) {
   check_stall_timeout(a.stall_timeout);
-}
-
-int run_bench(const BenchArgs& args) {
-  BenchArgs a = args;
-  if (!a.case_file.empty() && !a.preset.empty()) throw UsageError("give a Case file or --preset, not both");
-  if (!a.preset.empty() && a.preset != "seed-lab")
-    throw UsageError("--preset \"" + sanitize(a.preset) + "\": known presets: seed-lab");
-  if (a.warmup < 0 || a.warmup > 100) throw UsageError("--warmup must be in [0, 100]");
+  check_count("--warmup", a.warmup, 0, 100);
   // warmup + max_repeats steps stay within a Case's 1000.
-  if (a.repeats < 1 || a.repeats > 500) throw UsageError("--repeats must be in [1, 500]");
-  if (a.max_repeats < 1 || a.max_repeats > 500) throw UsageError("--max-repeats must be in [1, 500]");
+  check_count("--repeats", a.repeats, 1, 500);
+  check_count("--max-repeats", a.max_repeats, 1, 500);
   a.max_repeats = std::max(a.max_repeats, a.repeats);
   if (!(a.time_cap >= 0 && a.time_cap <= 86400)) throw UsageError("--time-cap must be in [0, 86400] seconds");
   if (!(a.target > 0 && a.target <= 1)) throw UsageError("--target must be in (0, 1] (a relative half-width)");
+  if (a.threads < 0 || a.threads > 1024) throw UsageError("--threads must be in [1, 1024]");
+  check_count("--verify-cases", a.verify_cases, 0, kMaxRunEveryCase);
+  a.memory_budget = a.budget.empty() ? 0 : parse_bytes(a.budget);
+}
+
+int run_bench(const BenchArgs& a) {
+  if (!a.case_file.empty() && !a.preset.empty()) throw UsageError("give a Case file or --preset, not both");
+  if (!a.preset.empty() && a.preset != "seed-lab")
+    throw UsageError("--preset \"" + sanitize(a.preset) + "\": known presets: seed-lab");
   std::vector<std::string> specs;
   for (const auto& list : a.impls)
     for (const auto& spec : split_impl_list(list)) {
@@ -134,9 +136,8 @@ int run_bench(const BenchArgs& args) {
   if (specs.empty()) specs.push_back("builtin");
   const std::string impl_text = fmt::format("{}", fmt::join(specs, ","));
   const int cores = machine_cores();
-  if (a.threads < 0 || a.threads > 1024) throw UsageError("--threads must be in [1, 1024]");
   const int threads = a.threads > 0 ? a.threads : cores;
-  const int64_t budget = a.budget.empty() ? 0 : parse_bytes(a.budget);
+  const int64_t budget = a.memory_budget;
   check_device(a.device);
   // Outputs: --json, and the files under --out, all checked before any work.
   std::vector<std::pair<std::string, FileArg>> outs = {{"--json", a.json}};
@@ -170,7 +171,6 @@ int run_bench(const BenchArgs& args) {
   }
   c.impl = specs.front();
   validate(c);
-  if (a.verify_cases < 0 || a.verify_cases > 100000) throw UsageError("--verify-cases must be in [0, 100000]");
   const std::string only = parse_only(a.only);
   std::vector<std::pair<std::string, std::string>> strategies;  // label, impl spec
   for (const auto& s : a.strategies) {

@@ -4,6 +4,7 @@
 // Runs supervised (supervise.hpp).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ struct BenchArgs {
   int verify_cases = 30;                // the gate's verdict per plan and strategy (0: none)
   std::vector<std::string> only;        // Case fields the verification fixes
   double stall_timeout = 300;
+  // From the above (finish_bench):
+  int64_t memory_budget = 0;  // bytes (0: none)
 };
 
 CLI::App* add_bench(CLI::App& app, BenchArgs& a);

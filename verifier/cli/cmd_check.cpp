@@ -81,6 +81,14 @@ void finish_check(CheckArgs& a) {
   a.seed = parse_seed(a.seed_text);
   a.gate = gate_options(a.jobs, a.case_timeout, a.shard);
   a.skipped = parse_skip(a.skip, a.reason);
+  check_count("--max-findings", a.max_findings, 1, 100);
+  check_count("--cases", a.cases, 1, kMaxSearchCases);
+  if (a.min_cases < 0 || a.min_cases > a.cases)
+    throw UsageError("--min-cases must be in [0, --cases " + std::to_string(a.cases) + "]");
+  check_time_budget(a.budget);
+  if (a.gate.shard_index >= a.cases)
+    throw UsageError("--shard: shard " + std::to_string(a.gate.shard_index + 1) + " of --cases " +
+                     std::to_string(a.cases) + " has no case");
 }
 
 int run_check(const CheckArgs& a) {
@@ -96,7 +104,6 @@ int run_check(const CheckArgs& a) {
   const uint64_t seed = a.seed;
   const double budget = a.budget;
   SearchOptions o;
-  if (max_findings < 1 || max_findings > 100) throw UsageError("--max-findings must be in [1, 100]");
   o.max_findings = max_findings;
   o.skipped = skip.properties;
   if (!strategy.empty()) {
@@ -135,19 +142,12 @@ int run_check(const CheckArgs& a) {
   std::vector<std::pair<std::string, FileArg>> paths = out.paths();
   paths.emplace_back("--repro-file", repro_path);
   check_outputs(paths);
-  if (cases < 1) throw UsageError("--cases must be >= 1");
-  if (min_cases < 0 || min_cases > cases)
-    throw UsageError("--min-cases must be in [0, --cases " + std::to_string(cases) + "]");
-  check_time_budget(budget);
   check_device(device);
   o.cases = cases;
   o.seed = seed;
   o.budget_s = budget;
   o.progress = true;
   g.apply(o);
-  if (g.shard_index >= cases)
-    throw UsageError("--shard: shard " + std::to_string(g.shard_index + 1) + " of --cases " + std::to_string(cases) +
-                     " has no case");
 
   std::cout << "ckverify check: " << (o.gen.strategy ? "strategy=" + strategy : "impl=" + impl_name) << " plan="
             << (o.gen.strategy      ? "strategy's"

@@ -33,6 +33,8 @@ CLI::App* add_faults(CLI::App& app, FaultsArgs& a) {
 void finish_faults(FaultsArgs& a) {
   a.seed = parse_seed(a.seed_text);
   a.gate = gate_options(a.jobs, a.case_timeout, "");
+  check_count("--cases", a.cases, 1, kMaxSearchCases);
+  check_time_budget(a.budget);
 }
 
 int run_faults(const FaultsArgs& a) {
@@ -47,8 +49,6 @@ int run_faults(const FaultsArgs& a) {
     throw UsageError("--plugin " + sanitize(plugin, 200) + ": give the path of the faults plugin (a .so)");
   if (!plugin.empty()) check_impl_spec(plugin);
   check_outputs({{"--json", json_path}});
-  if (cases < 1) throw UsageError("--cases must be >= 1");
-  check_time_budget(budget);
   check_device(device);
   std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device
             << (plugin.empty() ? "" : " via the plugin " + sanitize(plugin, 200)) << "\n\n";

@@ -94,8 +94,35 @@ expect 2 "an infinite time budget" -- "$ck" check --cases 1 --time-budget inf
 expect 2 "a time budget the clock cannot hold" -- "$ck" check --cases 1 --time-budget 1e10
 one_line_error "huge budget"
 expect 2 "faults: a time budget the clock cannot hold" -- "$ck" faults --cases 1 --time-budget 1e10
-expect 2 "audit-amp: more cases than it can hold" -- "$ck" audit-amp --cases 2000000000
+# Counts are bounded, and refused as the command line is read: before an output is checked, an
+# implementation loaded or anything sized by them.
+expect 2 "audit-amp: more cases than it can hold" -- "$ck" audit-amp --cases 2000000000 --json nodir/amp.json \
+  --impl py:no_such_module:f
 one_line_error "audit-amp huge --cases"
+grep -q -- "--cases must be in \[1, 100000\]" err.txt || { bad "audit-amp --cases bound"; cat err.txt; }
+for cmd in check faults; do
+  expect 2 "$cmd: more cases than a run takes" -- "$ck" $cmd --cases 2000000000 --json nodir/r.json
+  one_line_error "$cmd huge --cases"
+  grep -q -- "--cases must be in \[1, 1000000000\]" err.txt || { bad "$cmd --cases bound"; cat err.txt; }
+done
+expect 2 "bench: more verification cases than it runs" -- "$ck" bench --verify-cases 2000000000 --impl py:no_such_module:f
+grep -q -- "--verify-cases must be in \[0, 100000\]" err.txt || { bad "bench --verify-cases bound"; cat err.txt; }
+# merge: a report whose shard is not one a check run has (more shards than --shard takes, an index past
+# the count, a count past int) is refused as it is read, naming the file and the field, before merge
+# sizes anything by the count.
+"$ck" check --cases 4 --shard 1/2 --json shard1.json >/dev/null 2>&1
+"$ck" check --cases 4 --shard 2/2 --json shard2.json >/dev/null 2>&1
+expect 0 "merge of two shards" -- "$ck" merge shard1.json shard2.json
+for forged in 1/2000000000 1/10001 3/2 1/99999999999 0/2; do
+  sed "s#\"shard\": \"1/2\"#\"shard\": \"$forged\"#" shard1.json > forged.json
+  expect 2 "merge of a report whose shard is $forged" -- "$ck" merge forged.json shard2.json
+  one_line_error "merge: shard $forged"
+  grep -qF "forged.json: \"shard\": \"$forged\" is not K/N with 1 <= K <= N <= 10000" err.txt ||
+    { bad "merge: the shard $forged is not named with its file"; cat err.txt; }
+done
+sed 's#"cases_requested": 4#"cases_requested": 2000000000#' shard1.json > forged.json
+expect 2 "merge of a report with more cases than a run takes" -- "$ck" merge forged.json shard2.json
+grep -qF 'forged.json: "cases_requested" out of [1, 1000000000]' err.txt || { bad "merge: cases_requested"; cat err.txt; }
 expect 2 "TMPDIR that does not exist" -- env TMPDIR="$PWD/no-such-tmp" "$ck" check --cases 1
 one_line_error "TMPDIR missing"
 grep -q "TMPDIR=.*is not a directory" err.txt || bad "TMPDIR not named"
