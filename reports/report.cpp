@@ -6,13 +6,19 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <set>
 #include <stdexcept>
 
 namespace ckv::report {
 namespace {
+
+// At most `max` characters of s, each outside printable ASCII shown as '?' (for a value quoted in an error).
+std::string printable(const std::string& s, size_t max) {
+  std::string out;
+  for (char c : s.substr(0, max)) out += c >= 0x20 && c < 0x7f ? c : '?';
+  return s.size() > max ? out + "..." : out;
+}
 
 int applied(const Report& r, const PropertyResult& p) {
   return r.cases_run - p.not_applicable;
@@ -104,6 +110,22 @@ std::string fence_safe(const std::string& text) {
 }
 
 }  // namespace
+
+bool parse_shard(const std::string& text, int& index, int& count) {
+  const size_t slash = text.find('/');
+  if (slash == std::string::npos) return false;
+  auto number = [](const std::string& digits, int& out) {
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+    out = 0;
+    for (char c : digits)
+      if ((out = out * 10 + (c - '0')) > kMaxShards) return false;
+    return true;
+  };
+  int k = 0, n = 0;
+  if (!number(text.substr(0, slash), k) || !number(text.substr(slash + 1), n) || n < 1 || k < 1 || k > n) return false;
+  index = k - 1, count = n;
+  return true;
+}
 
 std::string to_console(const Report& r) {
   std::string out;
@@ -342,7 +364,12 @@ Report from_json(const std::string& text) {
     r.device = j.at("device").get<std::string>();
     r.torch = j.at("torch").get<std::string>();
     r.seed = j.at("seed").get<uint64_t>();
-    r.cases_requested = j.at("cases_requested").get<int>();
+    {
+      const json& n = j.at("cases_requested");
+      if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > kMaxCases)
+        throw std::invalid_argument(fmt::format("\"cases_requested\" out of [1, {}]", kMaxCases));
+      r.cases_requested = n.get<int>();
+    }
     r.cases_run = j.at("cases_run").get<int>();
     r.time_budget_s = j.at("time_budget_s").get<double>();
     r.time_budget_hit = j.at("time_budget_hit").get<bool>();
@@ -410,11 +437,9 @@ Report from_json(const std::string& text) {
     }
     if (j.contains("shard")) {
       const std::string s = j.at("shard").get<std::string>();
-      int k = 0, n = 0;
-      char tail = 0;
-      if (std::sscanf(s.c_str(), "%d/%d%c", &k, &n, &tail) != 2 || n < 1 || k < 1 || k > n)
-        throw std::invalid_argument("bad \"shard\" value");
-      r.shard_index = k - 1, r.shard_count = n;
+      if (!parse_shard(s, r.shard_index, r.shard_count))
+        throw std::invalid_argument(
+            fmt::format("\"shard\": \"{}\" is not K/N with 1 <= K <= N <= {}", printable(s, 40), kMaxShards));
     }
     bool any_skipped = false;
     for (const auto& p : r.properties) any_skipped = any_skipped || p.skipped;
@@ -446,6 +471,10 @@ Report merge(const std::vector<Report>& shards) {
   if (shards.empty()) throw std::invalid_argument("nothing to merge");
   const Report& a = shards.front();
   const int n = a.shard_count;
+  for (const Report& r : shards)  // before anything is sized by the count
+    if (r.shard_count < 1 || r.shard_count > kMaxShards || r.shard_index < 0 || r.shard_index >= r.shard_count)
+      throw std::invalid_argument(
+          fmt::format("shard {}/{} is not K/N with 1 <= K <= N <= {}", r.shard_index + 1, r.shard_count, kMaxShards));
   std::vector<int> seen(static_cast<size_t>(n), 0);
   for (const Report& r : shards) {
     if (r.command != "check")

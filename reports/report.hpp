@@ -10,6 +10,16 @@
 
 namespace ckv::report {
 
+// The most cases (--cases) and shards (--shard K/N: N) a `check` run takes. The CLI refuses more, and a
+// report that claims more is refused as one ckverify did not write, before anything is sized by it.
+// (1e9 cases: a run's case indices and shard arithmetic stay within int.)
+constexpr int kMaxCases = 1000000000;
+constexpr int kMaxShards = 10000;
+
+// "K/N" with 1 <= K <= N <= kMaxShards (decimal digits only): index K-1 and count N. False otherwise,
+// without reading past kMaxShards (no overflow).
+bool parse_shard(const std::string& text, int& index, int& count);
+
 struct PropertyResult {
   std::string name;                // "rng-replay", ...
   int held = 0;                    // cases on which it held

@@ -393,6 +393,45 @@ TEST(Report, MergeKeepsTheEarliestFindingOfEachProperty) {
   EXPECT_EQ(m.exit_code, 1);
 }
 
+TEST(Report, ShardIsKOfNWithinTheBound) {
+  int k = -1, n = -1;
+  EXPECT_TRUE(parse_shard("3/7", k, n));
+  EXPECT_EQ(k, 2);
+  EXPECT_EQ(n, 7);
+  EXPECT_TRUE(parse_shard("10000/10000", k, n));
+  for (const char* bad : {"", "1", "/", "1/", "/2", "0/2", "3/2", "1/0", "1/10001", "1/2000000000", "1/99999999999",
+                          "1/2 ", " 1/2", "+1/2", "1/-2", "1/2/3", "1.0/2", "a/b"})
+    EXPECT_FALSE(parse_shard(bad, k, n)) << bad;
+}
+
+// A report that claims more shards or cases than a check run takes is refused as it is read, naming the
+// field (before merge sizes anything by it); merge refuses such a Report made in code too.
+TEST(Report, ReadingRefusesCountsNoCheckRunHas) {
+  using nlohmann::json;
+  const json good = json::parse(to_json(shard(1, 2, {{0, "HH"}})));
+  auto refusal = [&](const char* key, const json& value) {
+    json j = good;
+    j[key] = value;
+    try {
+      from_json(j.dump());
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("read");
+  };
+  EXPECT_EQ(refusal("shard", "1/2000000000"), "\"shard\": \"1/2000000000\" is not K/N with 1 <= K <= N <= 10000");
+  EXPECT_EQ(refusal("shard", "3/2"), "\"shard\": \"3/2\" is not K/N with 1 <= K <= N <= 10000");
+  EXPECT_EQ(refusal("shard", "1/99999999999"), "\"shard\": \"1/99999999999\" is not K/N with 1 <= K <= N <= 10000");
+  EXPECT_EQ(refusal("shard", std::string("1/2\n") + std::string(100, 'x')).find('\n'), std::string::npos);
+  EXPECT_EQ(refusal("cases_requested", 2000000000), "\"cases_requested\" out of [1, 1000000000]");
+  EXPECT_EQ(refusal("cases_requested", 5000000000LL), "\"cases_requested\" out of [1, 1000000000]");
+  EXPECT_EQ(refusal("cases_requested", 0), "\"cases_requested\" out of [1, 1000000000]");
+  EXPECT_EQ(refusal("cases_requested", 9), "read");
+  Report huge = shard(1, 2, {{0, "HH"}});
+  huge.shard_count = 2000000000;
+  EXPECT_EQ(message({huge}), "shard 1/2000000000 is not K/N with 1 <= K <= N <= 10000");
+}
+
 TEST(Report, ReadingRefusesMalformedAndDeepInputInOneLine) {
   for (const std::string& text :
        {std::string("{\"tool\": \"ckverify\""), std::string("[1, 2]"), std::string("{}"),

@@ -207,12 +207,12 @@ std::vector<std::string> bench_report_files(bool growth, bool amp) {
   return f;
 }
 
-void write_bench_report(const std::string& dir, const BenchResult& r, const AmpAudit* amp, const std::string& impl,
+void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit* amp, const std::string& impl,
                         const std::string& device, int threads, const std::string& command) {
-  auto path = [&](const std::string& f) { return dir + "/" + f; };
+  auto path = [&](const std::string& f) { return inside(dir, f); };
   auto plot = [&](const report::LinePlot& p, const std::string& f) {
     try {
-      report::write_png(p, path(f));
+      report::write_png(p, path(f).path);
     } catch (const report::PlotError& e) {
       throw EnvironmentError(std::string("--out: ") + e.what());
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "reports/plot.hpp"
+#include "verifier/cli/output.hpp"
 #include "verifier/run/amp_audit.hpp"
 #include "verifier/run/bench.hpp"
 
@@ -22,7 +23,7 @@ std::vector<std::string> bench_report_files(bool growth, bool amp);
 report::LinePlot amp_error_plot(const std::vector<AmpRow>& rows, const std::string& plan, const std::string& impl);
 // Writes them all (each atomically). Throws UsageError when a file cannot be written and
 // EnvironmentError when gnuplot fails.
-void write_bench_report(const std::string& dir, const BenchResult& r, const AmpAudit* amp, const std::string& impl,
+void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit* amp, const std::string& impl,
                         const std::string& device, int threads, const std::string& command);
 
 }  // namespace ckv::cli

@@ -14,29 +14,57 @@
 namespace ckv::cli {
 namespace fs = std::filesystem;
 
-void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+namespace {
+// The directory a file is in ("." for a bare name).
+fs::path directory_of(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+}  // namespace
+
+FileArg file_arg(const std::string& given) {
+  if (given.empty()) return {};
+  std::error_code ec;
+  const fs::path path = fs::absolute(given, ec);
+  return {given, ec ? given : path.string()};
+}
+
+FileArg beside(const FileArg& file, const std::string& name) {
+  auto sibling = [&](const std::string& s) {
+    const fs::path p(s);
+    return (p.parent_path() / (p.stem().string() + "." + name + p.extension().string())).string();
+  };
+  return {sibling(file.given), sibling(file.path)};
+}
+
+FileArg inside(const FileArg& dir, const std::string& name) {
+  return {dir.given + "/" + name, dir.path + "/" + name};
+}
+
+void check_outputs(const std::vector<std::pair<std::string, FileArg>>& outputs,
                    const std::vector<std::pair<std::string, std::string>>& inputs) {
   std::vector<std::pair<std::string, fs::path>> seen;
   for (const auto& [what, path] : inputs) {  // an output must never replace an input, however spelled
     std::error_code ec;
     if (!path.empty()) seen.emplace_back(what, fs::weakly_canonical(fs::absolute(path), ec));
   }
-  for (const auto& [option, path] : outputs) {
-    if (path.empty()) continue;
-    const std::string shown = option + " " + sanitize(path, 200);
+  for (const auto& [option, file] : outputs) {
+    if (file.empty()) continue;
+    const std::string& path = file.path;
+    const std::string shown = option + " " + sanitize(file.given, 200);
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0) {
       if (S_ISLNK(st.st_mode)) throw UsageError(shown + ": is a symbolic link; give the real path");
       if (!S_ISREG(st.st_mode)) throw UsageError(shown + ": exists and is not a regular file");
     }
-    const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+    const fs::path dir = directory_of(path), shown_dir = directory_of(file.given);
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
-      throw UsageError(shown + ": " + sanitize(dir.string(), 200) +
+      throw UsageError(shown + ": " + sanitize(shown_dir.string(), 200) +
                        (fs::exists(dir, ec) ? " is not a directory" : " does not exist"));
     if (::access(dir.c_str(), W_OK) != 0)
-      throw UsageError(shown + ": directory " + sanitize(dir.string(), 200) + " is not writable");
-    const fs::path canon = fs::weakly_canonical(fs::absolute(path), ec);
+      throw UsageError(shown + ": directory " + sanitize(shown_dir.string(), 200) + " is not writable");
+    const fs::path canon = fs::weakly_canonical(path, ec);
     for (const auto& [other, p] : seen)
       if (p == canon) throw UsageError(shown + ": the same file as " + other);
     seen.emplace_back(option, canon);
@@ -71,12 +99,11 @@ std::string read_regular_file(const std::string& path, size_t max_bytes) {
   return text;
 }
 
-void write_atomically(const std::string& path, const std::string& text) {
-  const fs::path target(path);
-  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::string tmpl = (dir / ".ckverify-XXXXXX").string();
+void write_atomically(const FileArg& file, const std::string& text) {
+  const std::string& path = file.path;
+  std::string tmpl = (directory_of(path) / ".ckverify-XXXXXX").string();
   const int fd = ::mkstemp(tmpl.data());  // O_CREAT | O_EXCL, mode 0600, unpredictable name
-  if (fd < 0) throw UsageError("cannot write " + sanitize(path, 200) + ": " + std::strerror(errno));
+  if (fd < 0) throw UsageError("cannot write " + sanitize(file.given, 200) + ": " + std::strerror(errno));
   size_t done = 0;
   bool ok = true;
   while (ok && done < text.size()) {
@@ -90,7 +117,7 @@ void write_atomically(const std::string& path, const std::string& text) {
   if (!ok || ::rename(tmpl.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     ::unlink(tmpl.c_str());
-    throw UsageError("cannot write " + sanitize(path, 200) + ": " + why);
+    throw UsageError("cannot write " + sanitize(file.given, 200) + ": " + why);
   }
 }
 

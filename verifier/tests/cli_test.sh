@@ -94,8 +94,35 @@ expect 2 "an infinite time budget" -- "$ck" check --cases 1 --time-budget inf
 expect 2 "a time budget the clock cannot hold" -- "$ck" check --cases 1 --time-budget 1e10
 one_line_error "huge budget"
 expect 2 "faults: a time budget the clock cannot hold" -- "$ck" faults --cases 1 --time-budget 1e10
-expect 2 "audit-amp: more cases than it can hold" -- "$ck" audit-amp --cases 2000000000
+# Counts are bounded, and refused as the command line is read: before an output is checked, an
+# implementation loaded or anything sized by them.
+expect 2 "audit-amp: more cases than it can hold" -- "$ck" audit-amp --cases 2000000000 --json nodir/amp.json \
+  --impl py:no_such_module:f
 one_line_error "audit-amp huge --cases"
+grep -q -- "--cases must be in \[1, 100000\]" err.txt || { bad "audit-amp --cases bound"; cat err.txt; }
+for cmd in check faults; do
+  expect 2 "$cmd: more cases than a run takes" -- "$ck" $cmd --cases 2000000000 --json nodir/r.json
+  one_line_error "$cmd huge --cases"
+  grep -q -- "--cases must be in \[1, 1000000000\]" err.txt || { bad "$cmd --cases bound"; cat err.txt; }
+done
+expect 2 "bench: more verification cases than it runs" -- "$ck" bench --verify-cases 2000000000 --impl py:no_such_module:f
+grep -q -- "--verify-cases must be in \[0, 100000\]" err.txt || { bad "bench --verify-cases bound"; cat err.txt; }
+# merge: a report whose shard is not one a check run has (more shards than --shard takes, an index past
+# the count, a count past int) is refused as it is read, naming the file and the field, before merge
+# sizes anything by the count.
+"$ck" check --cases 4 --shard 1/2 --json shard1.json >/dev/null 2>&1
+"$ck" check --cases 4 --shard 2/2 --json shard2.json >/dev/null 2>&1
+expect 0 "merge of two shards" -- "$ck" merge shard1.json shard2.json
+for forged in 1/2000000000 1/10001 3/2 1/99999999999 0/2; do
+  sed "s#\"shard\": \"1/2\"#\"shard\": \"$forged\"#" shard1.json > forged.json
+  expect 2 "merge of a report whose shard is $forged" -- "$ck" merge forged.json shard2.json
+  one_line_error "merge: shard $forged"
+  grep -qF "forged.json: \"shard\": \"$forged\" is not K/N with 1 <= K <= N <= 10000" err.txt ||
+    { bad "merge: the shard $forged is not named with its file"; cat err.txt; }
+done
+sed 's#"cases_requested": 4#"cases_requested": 2000000000#' shard1.json > forged.json
+expect 2 "merge of a report with more cases than a run takes" -- "$ck" merge forged.json shard2.json
+grep -qF 'forged.json: "cases_requested" out of [1, 1000000000]' err.txt || { bad "merge: cases_requested"; cat err.txt; }
 expect 2 "TMPDIR that does not exist" -- env TMPDIR="$PWD/no-such-tmp" "$ck" check --cases 1
 one_line_error "TMPDIR missing"
 grep -q "TMPDIR=.*is not a directory" err.txt || bad "TMPDIR not named"
@@ -240,6 +267,57 @@ expect 2 "bench: a plan invalid for the Case" -- "$ck" bench bench.json --plans 
 [ -e rep2 ] && bad "a refused bench left a directory"
 expect 2 "bench: --out in a missing directory" -- "$ck" bench bench.json --out nodir/rep2
 grep -q "^fp32 .* layer0 .* 1.000e+00" out.txt && bad "frozen parameters counted as errors against fp64"
+
+# Files named relative to where ckverify was started are resolved as the command line is parsed: an
+# implementation whose code changes the working directory on loading (a Python module that chdir()s on
+# import, as a plugin may too) cannot move what is written or read after it loaded.
+if "$ck" check --impl py:no_such_module:f --cases 1 2>&1 | grep -q "no Python bridge"; then
+  echo "not on this build (no Python bridge): files named relative to the start directory, after a chdir"
+else
+  start="$PWD"
+  mkdir -p chdir/mod chdir/away chdir/here
+  cat > chdir/mod/ckv_chdir_impl.py <<'EOF'
+import os
+import torch.utils.checkpoint as tc
+
+os.chdir(os.environ["CKV_CHDIR_TO"])  # on import, before ckverify writes anything
+
+
+def checkpoint(segment, *args):
+    return tc.checkpoint(segment, *args, use_reentrant=False)
+
+
+def strategy(blocks, x):
+    return tc.checkpoint_sequential(blocks, len(blocks), x, use_reentrant=False)
+
+
+def forgets_rng(blocks, x):
+    return tc.checkpoint_sequential(blocks, len(blocks), x, use_reentrant=False, preserve_rng_state=False)
+EOF
+  export CKV_CHDIR_TO="$start/chdir/away"
+  pp="$start/chdir/mod${PYTHONPATH:+:$PYTHONPATH}"
+  cd chdir/here
+  "$ck" case layers=2 d=8 heads=2 steps=2 plan=block impl=py:ckv_chdir_impl:checkpoint > c.json
+  expect 0 "train --save, the module changing directory" -- env PYTHONPATH="$pp" "$ck" train c.json --until 1 --save s.ckv
+  expect 0 "train --resume, the module changing directory" -- env PYTHONPATH="$pp" "$ck" train c.json --resume s.ckv
+  grep -q "^resumed at micro-batch 1" out.txt || { bad "train --resume after a chdir"; cat out.txt err.txt; }
+  expect 0 "audit-amp --json --plot, the module changing directory" -- env PYTHONPATH="$pp" "$ck" audit-amp c.json \
+    --json amp.json --plot amp.png
+  expect 0 "bench --json --out, the module changing directory" -- env PYTHONPATH="$pp" "$ck" bench c.json \
+    --impl py:ckv_chdir_impl:checkpoint --plans block --warmup 0 --repeats 1 --max-repeats 1 --verify-cases 0 \
+    --json bench.json --out rep
+  expect 0 "check --strategy and its reports, the module changing directory" -- env PYTHONPATH="$pp" "$ck" check \
+    --strategy py:ckv_chdir_impl:strategy --only fx=none --cases 3 --json r.json --junit r.xml --markdown r.md
+  expect 1 "check --strategy's repro files, the module changing directory" -- env PYTHONPATH="$pp" "$ck" check \
+    --strategy py:ckv_chdir_impl:forgets_rng --only fx=none --only drop=0.3 --cases 30 --max-findings 2 \
+    --repro-file rng.json
+  for f in s.ckv amp.json amp.png bench.json rep/report.md r.json r.xml r.md rng.json; do
+    [ -s "$f" ] || bad "$f was not written where it was named (the start directory)"
+  done
+  [ -z "$(ls -A "$CKV_CHDIR_TO")" ] || { bad "written where the module changed directory to:"; ls -A "$CKV_CHDIR_TO"; }
+  cd "$start"
+  unset CKV_CHDIR_TO
+fi
 
 # The time budget bounds the whole run, however many cases are asked for.
 start=$(date +%s)

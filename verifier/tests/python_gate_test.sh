@@ -56,6 +56,24 @@ expect 0 "torch's checkpoint marking its recomputes passes fx Cases" -- "$ck" ch
 expect 1 "a recompute marked as a first forward fails side-effect-once" -- "$ck" check \
   --impl py:ckverify_test_impls:forgets_recompute --only fx=counter,log,bn,cache --only batch=2 --only seq=4 --cases 60
 grep -q "^FAILED side-effect-once" out.txt || { bad "forgets_recompute headline"; cat out.txt; }
+# State kept across calls in a long-lived worker: the failure is not shrunk into a Case that passes
+# alone; it keeps the Case first found, says it needs its worker's history, writes that history
+# beside the repro file, and `repro --history` (not `repro` alone) replays the failure.
+rm -f hist-repro.json hist-repro.history.json
+expect 1 "an implementation correct only for its first calls in a process" -- "$ck" check \
+  --impl py:ckverify_test_impls:stateful:after=40 --only fx=none --only drop=0.1,0.1,0.1,0.1 --cases 40 -j 1 \
+  --repro-file hist-repro.json --json hist.json
+grep -q "^  history: it fails only after the [0-9]* case(s) its worker process ran before it" out.txt ||
+  { bad "stateful: no history line"; cat out.txt; }
+grep -q "ckverify repro hist-repro.json --history hist-repro.history.json" out.txt || { bad "stateful: repro line"; cat out.txt; }
+python3 -c "import json; f=json.load(open('hist.json'))['failure']; assert f['history_file']=='hist-repro.history.json', f" ||
+  bad "stateful: the JSON report does not name the history file"
+expect 0 "its Case alone passes" -- "$ck" repro hist-repro.json
+expect 1 "and fails after its history" -- "$ck" repro hist-repro.json --history hist-repro.history.json
+grep -q "^FAILED rng-replay" out.txt || { bad "repro --history headline"; cat out.txt; }
+echo '[{"not": "a case"}]' > bad-history.json
+expect 2 "a history that is not Cases" -- "$ck" repro hist-repro.json --history bad-history.json
+one_line_error "bad history"
 # Loading counts against the time budget: a module whose import takes 60 s ends a 5 s run near 5 s.
 mkdir -p slowmod && printf 'import time\ntime.sleep(60)\ndef ck(segment, *args):\n    return segment(*args)\n' > slowmod/slow_import.py
 start=$(date +%s)

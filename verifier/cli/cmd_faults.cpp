@@ -1,0 +1,118 @@
+// verifier/cli/cmd_faults.cpp: see cmd_faults.hpp.
+#include "verifier/cli/cmd_faults.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "verifier/cli/search.hpp"
+#include "verifier/impls/loader.hpp"
+#include "verifier/impls/registry.hpp"
+
+namespace ckv::cli {
+
+CLI::App* add_faults(CLI::App& app, FaultsArgs& a) {
+  CLI::App* faults = app.add_subcommand(
+      "faults", "Run the gate against every fault: the property that kills each, after how many cases, shrunk.");
+  faults->add_option("--cases", a.cases, "Cases per fault before it counts as having survived")->capture_default_str();
+  faults->add_option("--seed", a.seed_text, "Seed in [0, 2^64)")->capture_default_str();
+  faults->add_option("--time-budget", a.budget, "Per fault: stop after this many seconds")->capture_default_str();
+  add_file(faults, "--json", a.json, "Write the table as JSON to this file");
+  faults->add_option("--device", a.device, "Device for the LibTorch runs: cpu, cuda or cuda:N")->capture_default_str();
+  faults->add_option("-j,--jobs", a.jobs, "Worker processes (default: the machine's cores)")->capture_default_str();
+  faults->add_option("--case-timeout", a.case_timeout, "Seconds one case may take before it counts as a hang")
+      ->capture_default_str();
+  faults->add_option("--plugin", a.plugin,
+                     "Load every fault from this faults plugin (libckverify_faults.so, fault=NAME) instead of "
+                     "the built-in table: proves the plugin loader path");
+  return faults;
+}
+
+void finish_faults(FaultsArgs& a) {
+  a.seed = parse_seed(a.seed_text);
+  a.gate = gate_options(a.jobs, a.case_timeout, "");
+  check_count("--cases", a.cases, 1, kMaxSearchCases);
+  check_time_budget(a.budget);
+}
+
+int run_faults(const FaultsArgs& a) {
+  using nlohmann::json;
+  const int cases = a.cases;
+  const uint64_t seed = a.seed;
+  const double budget = a.budget;
+  const std::string &device = a.device, &plugin = a.plugin;
+  const FileArg& json_path = a.json;
+  const GateOptions& g = a.gate;
+  if (!plugin.empty() && spec_kind(plugin) != SpecKind::plugin)
+    throw UsageError("--plugin " + sanitize(plugin, 200) + ": give the path of the faults plugin (a .so)");
+  if (!plugin.empty()) check_impl_spec(plugin);
+  check_outputs({{"--json", json_path}});
+  check_device(device);
+  std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device
+            << (plugin.empty() ? "" : " via the plugin " + sanitize(plugin, 200)) << "\n\n";
+  std::printf("%-24s %-16s %8s  %s\n", "fault", "killed by", "cases", "shrunk case");
+  json rows = json::array();
+  int survivors = 0;
+  for (const auto& e : known_impls()) {
+    const ImplInfo& info = e.info;
+    if (info.killed_by.empty()) continue;
+    if (const std::string why = unobservable_here(info, device); !why.empty()) {
+      std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", why.c_str());
+      rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", why}});
+      continue;
+    }
+    if (!plugin.empty() && info.state_fault != StateFault::none) {  // not a checkpoint: the state saver is broken
+      std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-",
+                  "a resume fault lives in ckverify's state saver, not in a plugin");
+      rows.push_back({{"fault", info.name},
+                      {"expected", info.killed_by},
+                      {"run", false},
+                      {"why", "resume faults are not plugins"}});
+      continue;
+    }
+    SearchOptions o;
+    o.gen.impl = plugin.empty() ? info.name : plugin + ":fault=" + info.name;
+    o.gen.device = device;
+    g.apply(o);
+    o.cases = cases;
+    o.seed = seed;
+    o.budget_s = budget;
+    o.pinned = info.killed_by;
+    o.confirm_fresh = false;  // a kill is a kill, with or without the earlier cases
+    const SearchResult r = search(o);
+    const bool killed = !r.property.empty();
+    survivors += !killed;
+    const std::string kills = killed ? std::to_string(r.failing_index + 1) : "-";
+    std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), killed ? r.property.c_str() : "SURVIVED", kills.c_str(),
+                killed ? to_line(r.failing_case).c_str() : ("after " + std::to_string(r.ran) + " cases").c_str());
+    std::fflush(stdout);
+    rows.push_back({{"fault", info.name},
+                    {"expected", info.killed_by},
+                    {"exposed_by", info.exposed_by},
+                    {"run", true},
+                    {"killed", killed},
+                    {"killed_by", r.property},
+                    {"cases_to_kill", killed ? r.failing_index + 1 : 0},
+                    {"cases_run", r.ran},
+                    {"shrunk_case", killed ? to_line(r.failing_case) : ""},
+                    {"shrink_cut_short", r.shrink_cut_short}});
+  }
+  std::cout << "\n"
+            << (survivors ? "FAIL: " + std::to_string(survivors) + " fault(s) survived"
+                          : std::string("PASS: every fault that ran was killed by the property that names it"))
+            << std::endl;
+  if (!json_path.empty())
+    write_atomically(json_path, json{{"tool", "ckverify"},
+                                     {"command", "faults"},
+                                     {"seed", seed},
+                                     {"torch", TORCH_VERSION},
+                                     {"faults", rows},
+                                     {"survivors", survivors}}
+                                        .dump(2) +
+                                    "\n");
+  return survivors ? kExitFailed : kExitOk;
+}
+
+}  // namespace ckv::cli
