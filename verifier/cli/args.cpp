@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -56,6 +57,15 @@ Case load_case_argument(const std::string& path) {
   } catch (const CaseError& e) {
     throw UsageError(e.what());
   }
+}
+
+std::string absolute_impl_spec(const std::string& spec) {
+  if (spec_kind(spec) != SpecKind::plugin) return spec;
+  const size_t colon = spec.find(':');
+  std::error_code ec;
+  const auto path = std::filesystem::absolute(spec.substr(0, colon), ec);
+  if (ec) return spec;
+  return path.lexically_normal().string() + (colon == std::string::npos ? "" : spec.substr(colon));
 }
 
 std::string history_to_json(const std::vector<Case>& history) {

@@ -45,6 +45,9 @@ CLI::Option* add_file(CLI::App* command, const std::string& name, FileArg& file,
 
 // A Case file named on the command line: a bad one is a usage error.
 Case load_case_argument(const std::string& path);
+// A plugin spec with its library's path made absolute, so that a plugin or a Python module that changes
+// the working directory later, and a repro file read elsewhere, still find it; other specs as given.
+std::string absolute_impl_spec(const std::string& spec);
 // A history file (`check` writes one beside a repro file, `repro --history` reads it): the Cases one
 // worker ran before a failure, oldest first, as a JSON array of Case files. Bounded, every Case
 // validated; throws UsageError naming the file.

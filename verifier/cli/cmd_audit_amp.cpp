@@ -74,7 +74,7 @@ int run_audit_amp(const AuditAmpArgs& a) {
   // Every block trainable (a frozen stack has no parameter gradient to audit), and no side-effecting
   // modules: a replayed effect is side-effect-once's finding, not AMP drift.
   gen.only = "freeze=none fx=none";
-  gen.impl = impl_name.empty() ? "builtin" : impl_name;
+  gen.impl = impl_name.empty() ? "builtin" : absolute_impl_spec(impl_name);
   gen.device = device;
   if (!plan_text.empty()) {
     const Plan p = parse_plan("--plan", plan_text);
@@ -86,7 +86,7 @@ int run_audit_amp(const AuditAmpArgs& a) {
   }
   if (!path.empty()) {
     todo.push_back(load_case_argument(path));
-    if (!impl_name.empty()) todo.back().impl = impl_name;
+    todo.back().impl = absolute_impl_spec(impl_name.empty() ? todo.back().impl : impl_name);
     if (gen.plan) todo.back().plan = *gen.plan;
   } else {
     const rc::Gen<Case> g = gen_case(gen);

@@ -13,9 +13,12 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <system_error>
+#include <thread>
 
 #include "reports/plot.hpp"
 #include "verifier/case/environment_error.hpp"
@@ -33,9 +36,10 @@ namespace {
 // The gate's verdict on one bench entry: `cases` generated Cases (small: the generator's, not the
 // bench Case) with the plan or the strategy, in this process.
 std::string bench_verdict(const std::string& impl, const std::optional<Plan>& plan, bool strategy, int cases,
-                          const std::string& only, std::string* detail_out) {
+                          const std::string& only, const std::string& device, std::string* detail_out) {
   SearchOptions so;
   so.gen.impl = impl;
+  so.gen.device = device;  // verified where it is measured
   so.gen.plan = strategy ? std::optional<Plan>(Plan{PlanKind::every_block, 0}) : plan;
   so.gen.strategy = strategy;
   so.gen.only = only;
@@ -52,6 +56,25 @@ std::string bench_verdict(const std::string& impl, const std::optional<Plan>& pl
     return "FAILED " + s.property;
   }
   return fmt::format("held ({}{})", s.ran, s.budget_hit ? ", budget" : "");
+}
+
+// Starts n - 1 threads and joins them; a machine (or a limit: ulimit -u, a container's pids.max) that
+// cannot is the environment's, one line, before anything is measured.
+void ensure_threads_start(int n) {
+  std::promise<void> go;
+  const std::shared_future<void> all_started = go.get_future().share();
+  std::vector<std::thread> started;  // alive together, as the runtime's would be
+  std::string failed;
+  try {
+    for (int k = 1; k < n; ++k) started.emplace_back([all_started] { all_started.wait(); });
+  } catch (const std::system_error& e) {
+    failed = e.what();
+  }
+  go.set_value();
+  for (auto& t : started) t.join();
+  if (!failed.empty())
+    throw EnvironmentError(fmt::format("--threads {}: only {} thread(s) could be started here ({}); lower --threads", n,
+                                       started.size() + 1, failed));
 }
 
 }  // namespace
@@ -128,7 +151,8 @@ int run_bench(const BenchArgs& a) {
     throw UsageError("--preset \"" + sanitize(a.preset) + "\": known presets: seed-lab");
   std::vector<std::string> specs;
   for (const auto& list : a.impls)
-    for (const auto& spec : split_impl_list(list)) {
+    for (const auto& given : split_impl_list(list)) {
+      const std::string spec = absolute_impl_spec(given);  // before anything is loaded (a chdir)
       if (std::find(specs.begin(), specs.end(), spec) != specs.end())
         throw UsageError("--impl " + sanitize(spec, 200) + " is given twice");
       specs.push_back(spec);
@@ -174,7 +198,7 @@ int run_bench(const BenchArgs& a) {
   const std::string only = parse_only(a.only);
   std::vector<std::pair<std::string, std::string>> strategies;  // label, impl spec
   for (const auto& s : a.strategies) {
-    const std::string spec = strategy_spec(s);
+    const std::string spec = absolute_impl_spec(strategy_spec(s));
     check_impl_spec(spec);
     if (!make_impl(spec)->is_strategy())
       throw UsageError("--strategy " + sanitize(s, 200) + ": the plugin's implementation is not a strategy");
@@ -215,6 +239,8 @@ int run_bench(const BenchArgs& a) {
     throw;
   }
 
+  // LibTorch's OpenMP runtime ends the process when it cannot start its threads: find out first.
+  ensure_threads_start(threads);
   torch::set_num_threads(threads);
   // LibTorch's CPU allocator is malloc: let it keep what it frees (as CUDA's caching allocator does)
   // instead of returning large blocks to the kernel and faulting fresh pages in every step, which
@@ -244,8 +270,9 @@ int run_bench(const BenchArgs& a) {
           std::find_if(strategies.begin(), strategies.end(), [&](const auto& e) { return e.first == p.plan; });
       p.verified =
           p.impl.empty() && st != strategies.end()
-              ? bench_verdict(st->second, std::nullopt, true, a.verify_cases, only, &p.verified_detail)
-              : bench_verdict(p.impl, parse_plan("bench", p.plan), false, a.verify_cases, only, &p.verified_detail);
+              ? bench_verdict(st->second, std::nullopt, true, a.verify_cases, only, a.device, &p.verified_detail)
+              : bench_verdict(p.impl, parse_plan("bench", p.plan), false, a.verify_cases, only, a.device,
+                              &p.verified_detail);
     }
     torch::set_num_threads(threads);
   }

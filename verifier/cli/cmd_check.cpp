@@ -125,13 +125,8 @@ int run_check(const CheckArgs& a) {
   if (!plan_text.empty()) o.gen.plan = parse_plan("--plan", plan_text);
   check_impl_spec(impl_name);  // unknown names fail here, as usage errors
   // A plugin is named by its absolute path in every Case, so a repro file replays from any directory.
-  if (spec_kind(impl_name) == SpecKind::plugin) {
-    const size_t colon = impl_name.find(':');
-    std::error_code ec;
-    impl_name = std::filesystem::absolute(impl_name.substr(0, colon), ec).lexically_normal().string() +
-                (colon == std::string::npos ? "" : impl_name.substr(colon));
-    check_impl_spec(impl_name);
-  }
+  impl_name = absolute_impl_spec(impl_name);
+  check_impl_spec(impl_name);
   o.gen.impl = impl_name;
   if (o.gen.strategy && !make_impl(impl_name)->is_strategy())
     throw UsageError("--strategy " + sanitize(strategy, 200) +

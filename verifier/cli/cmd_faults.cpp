@@ -42,7 +42,8 @@ int run_faults(const FaultsArgs& a) {
   const int cases = a.cases;
   const uint64_t seed = a.seed;
   const double budget = a.budget;
-  const std::string &device = a.device, &plugin = a.plugin;
+  const std::string& device = a.device;
+  const std::string plugin = absolute_impl_spec(a.plugin);
   const FileArg& json_path = a.json;
   const GateOptions& g = a.gate;
   if (!plugin.empty() && spec_kind(plugin) != SpecKind::plugin)

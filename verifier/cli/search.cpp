@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "verifier/cli/workers.hpp"
+#include "verifier/impls/loader.hpp"
 #include "verifier/impls/registry.hpp"
 
 namespace ckv::cli {
@@ -233,7 +234,7 @@ SearchResult search(const SearchOptions& o) {
         f.findings = fs;
         excluded.insert(property);
         shrink(batch[k], f);
-        if (pool && o.confirm_fresh) confirm(f, values[k], fs, history);
+        if (pool && o.confirm_fresh && spec_kind(o.gen.impl) != SpecKind::name) confirm(f, values[k], fs, history);
         found.push_back(std::move(f));
       }
       i = index[k] + shard_n;

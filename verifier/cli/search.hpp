@@ -41,7 +41,8 @@ struct SearchOptions {
   int shard_index = 0, shard_count = 1;
   // With workers: run each shrunk finding again in a fresh worker process, to tell a failure of the
   // Case from one that needs the state an implementation kept from earlier cases in its process
-  // (FoundFailure::history). `faults` turns it off: a kill is a kill either way.
+  // (FoundFailure::history). Not for ckverify's own implementations (the builtin and the faults make a
+  // fresh implementation per Case); `faults` turns it off: a kill is a kill either way.
   bool confirm_fresh = true;
 };
 

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <thread>
 #include <vector>
 
 #include "verifier/case/case.hpp"
@@ -29,8 +30,10 @@ constexpr int kExitFailed = 1, kExitUsage = 2, kExitInternal = 3;
 // ---- the child's side ----
 int report_fd = -1;
 std::string token;  // made by the parent before the fork; every message starts with it
+pid_t child_pid = -1;
 
 void send(std::string line) {
+  if (::getpid() != child_pid) return;  // a copy the implementation forked: never the child's word
   line = token + " " + line;
   for (size_t done = 0; done < line.size();) {
     const ssize_t n = ::write(report_fd, line.data() + done, line.size() - done);
@@ -57,9 +60,18 @@ void on_foreign_load(const std::string& spec) {
 
 [[noreturn]] void child(int fd, const std::function<int()>& body) {
   report_fd = fd;
+  child_pid = ::getpid();
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() == 1) ::_exit(kExitInternal);  // the parent died before the line above
+  const pid_t parent = ::getppid();
+  if (parent == 1) ::_exit(kExitInternal);  // the parent died before the line above
+  // Should the implementation clear PR_SET_PDEATHSIG, the child's group still dies with the parent.
+  std::thread([parent] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      if (::getppid() != parent) ::kill(0, SIGKILL);
+    }
+  }).detach();
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
   // What the command printed reaches its output even when the implementation crashes the child later.
   std::cout.setf(std::ios::unitbuf);
@@ -176,6 +188,9 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     // This process itself was stopped (SIGSTOP, a suspended job, a frozen container): the time it did
     // not run is nobody's stall.
     if (now - last_loop > std::chrono::seconds(2)) last_progress += now - last_loop;
+    // The child alone stopped (SIGSTOP to it, a debugger): not its stall either.
+    else if (process_stopped(pid))
+      last_progress += now - last_loop;
     last_loop = now;
     const bool lingering = reported >= 0 && now - reported_at > std::chrono::seconds(5);
     if (!killed_by_us && reported < 0 && !forwarded &&
@@ -195,14 +210,20 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
 
   // The exit code the child reported counts when the child then ended with it (or lingered after it
   // and was killed); anything else means the report was not the child's last word.
-  const bool ended_as_reported =
-      reported >= 0 && ((WIFEXITED(status) && WEXITSTATUS(status) == (reported & 0xff)) || (killed_by_us && !stalled));
+  // The child leaves with _exit right after its report, so a child still running 5 s after one did not
+  // make it.
+  const bool ended_as_reported = reported >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == (reported & 0xff);
+  const bool outlived_report = reported >= 0 && killed_by_us && !stalled && !forwarded;
   if (ended_as_reported && forged.empty()) return reported;
   if (forwarded) return 128 + forwarded;
   const std::string who =
       foreign.empty() ? "" : "the implementation " + sanitize(foreign.back(), 200) + " (loaded in this run)";
   std::string what;
-  if (!forged.empty())
+  if (outlived_report)
+    what =
+        "kept running after an exit code was reported on ckverify's pipe, which ckverify's own code never does "
+        "(the implementation wrote the report, or a process it forked did)";
+  else if (!forged.empty())
     what = fmt::format(
         "wrote on ckverify's report pipe: a line ckverify did not write (\"{}\"); the implementation, or a process "
         "it forked, writes on descriptors it does not own",

@@ -226,13 +226,16 @@ std::optional<long> oom_kills() {
   return std::nullopt;
 }
 
-// Whether the process is stopped (SIGSTOP, SIGTSTP, a tracer), from /proc/PID/stat.
-bool stopped(pid_t pid) {
+}  // namespace
+
+bool process_stopped(pid_t pid) {
   std::ifstream f(fmt::format("/proc/{}/stat", pid));
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const size_t close = text.rfind(')');
   return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
 }
+
+namespace {
 
 // Reads what is there; returns false at end of file (the worker is gone).
 bool read_some(int fd, std::string& buffer) {
@@ -420,29 +423,55 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
     }
     lost(w, "crashed the worker process (" + describe_exit(status) + ")");
   };
+  // A worker found gone (or deaf) between cases: what happened to it, in words; throws EnvironmentError
+  // when something outside ckverify killed it.
+  auto ended = [&](Worker& w) -> std::string {
+    int status = 0;
+    bool gone = false;
+    for (int k = 0; k < 40 && !gone; ++k) {
+      gone = ::waitpid(w.pid, &status, WNOHANG) == w.pid;
+      if (!gone) ::usleep(50 * 1000);
+    }
+    if (!gone) return "closed its end of ckverify's channel between cases";
+    w.pid = -1;
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+      stop(w);
+      throw EnvironmentError(
+          "a worker process was killed by SIGKILL from outside ckverify (the kernel's out-of-memory killer, or a "
+          "user) between cases; nothing was judged");
+    }
+    return "ended the worker process after its case (" + describe_exit(status) + ")";
+  };
   auto expected_wake = Clock::now();
   for (;;) {
     for (auto& w : workers_) {
       if (w->task >= 0 || next >= cases.size() || Clock::now() >= deadline) continue;
       if (w->pid < 0 && !start(*w, deadline)) continue;  // the budget ran out while it loaded
-      // Something the worker did not write arrived after its last answer: the implementation's doing,
-      // a finding of the Case it ran last (or, from an earlier batch, of the one it takes now); the
-      // worker is replaced.
+      // The worker between cases: something it did not write arrived after its last answer, it ended,
+      // or it no longer reads its requests. That is the implementation's doing in the Case the worker
+      // ran last (or, when that was in an earlier batch, in the one it takes now), unless something
+      // outside killed it (ended() throws); the worker is replaced.
+      auto between = [&](const std::string& what) -> bool {  // true: a fresh worker is ready
+        if (w->last >= 0) {
+          out[static_cast<size_t>(w->last)] = std::vector<Finding>{Finding::fail(
+              "completes", -1, "worker process", "the run under test " + what + "; the worker was replaced")};
+          stop(*w);
+          return start(*w, deadline);
+        }
+        w->task = static_cast<int>(next++);
+        lost(*w, what);
+        return false;
+      };
       pollfd p{w->from, POLLIN, 0};
       if (::poll(&p, 1, 0) > 0) {
         std::string junk;
-        read_some(w->from, junk);
-        const std::string what = "the run under test " + forged(junk) + "; the worker was replaced";
-        if (w->last >= 0) {
-          out[static_cast<size_t>(w->last)] =
-              std::vector<Finding>{Finding::fail("completes", -1, "worker process", what)};
-          stop(*w);
-          if (!start(*w, deadline)) continue;
-        } else {
-          w->task = static_cast<int>(next++);
-          lost(*w, forged(junk));
-          continue;
-        }
+        const std::string what = read_some(w->from, junk) ? forged(junk) : ended(*w);
+        if (!between(what)) continue;
+      }
+      const std::string line = std::to_string(seq_ + 1) + " " + json::parse(to_json(cases[next])).dump() + "\n";
+      if (!write_all(w->to, line)) {  // the case goes to a fresh worker in the next round
+        between("closed ckverify's request channel (" + ended(*w) + ")");
+        continue;
       }
       w->task = static_cast<int>(next);
       placed_[next] = {w->history, w->history->size()};
@@ -450,15 +479,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
       w->seq = ++seq_;
       w->deadline = Clock::now() + timeout;
       w->checked = Clock::now();
-      const std::string line = std::to_string(w->seq) + " " + json::parse(to_json(cases[next])).dump() + "\n";
       ++next;
-      if (!write_all(w->to, line)) {
-        int status = 0;
-        ::waitpid(w->pid, &status, 0);
-        w->pid = -1;
-        stop(*w);
-        throw std::runtime_error("a worker process " + describe_exit(status) + " between cases");
-      }
     }
     std::vector<pollfd> polls;
     std::vector<Worker*> busy;
@@ -469,7 +490,10 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
         busy.push_back(w.get());
         wait_until = std::min(wait_until, w->deadline);
       }
-    if (busy.empty()) break;
+    if (busy.empty()) {
+      if (next >= cases.size() || Clock::now() >= deadline) break;
+      continue;  // a worker was replaced between cases: the next Case goes to it
+    }
     if (Clock::now() >= deadline) {  // the run's time budget is spent: cases still running get no result
       for (Worker* w : busy) {
         out[static_cast<size_t>(w->task)].reset();
@@ -489,7 +513,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
     for (size_t k = 0; k < busy.size(); ++k) {
       Worker& w = *busy[k];
       // A worker stopped on its own (SIGSTOP to it, a debugger) does not spend its Case's time.
-      if (stopped(w.pid)) w.deadline += now - w.checked;
+      if (process_stopped(w.pid)) w.deadline += now - w.checked;
       w.checked = now;
       if (n > 0 && polls[k].revents != 0) {
         if (!read_some(w.from, w.buffer)) {  // the worker died with the Case

@@ -19,6 +19,8 @@
 // is the same for any number of workers.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -66,6 +68,9 @@ class WorkerPool {
 
 // `ckverify worker`: the loop a worker runs (started with the requests on fd 0, the answers on fd 3).
 int worker_main(const std::string& impl, int threads);
+
+// Whether the process is stopped (SIGSTOP, SIGTSTP, a tracer), from /proc/PID/stat.
+bool process_stopped(pid_t pid);
 
 // 128 random bits in hex: what every message on a channel from ckverify's own code in an
 // implementation's process starts with, so that a line the implementation writes there is told apart.

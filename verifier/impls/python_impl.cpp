@@ -132,7 +132,8 @@ std::string py_traceback(PyObject* type, PyObject* value, PyObject* tb) {
                                                            py::reinterpret_borrow<py::object>(value ? value : Py_None),
                                                            py::reinterpret_borrow<py::object>(tb ? tb : Py_None));
     std::string out;
-    for (const auto& l : lines) out += l.cast<std::string>();
+    // Encoded with backslash escapes: a lone surrogate in a message must not lose the whole traceback.
+    for (const auto& l : lines) out += std::string(py::bytes(l.attr("encode")("utf-8", "backslashreplace")));
     return out;
   } catch (const std::exception&) {
     PyErr_Clear();
