@@ -393,53 +393,48 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
                              "the run under test " + what + "; the worker was replaced and the run went on")});
     progress();
   };
-  // A worker that died: its Case is the implementation's finding, unless something outside ckverify
-  // killed it (SIGKILL is never the implementation's own crash: the out-of-memory killer, a memory
-  // limit, a user), which is the environment's (exit 2) and judges nothing.
+  // Waits up to 2 s for a worker whose channel ended; false: it is still alive (it closed its end).
+  auto reaped = [&](Worker& w, int& status) {
+    for (int k = 0; k < 40; ++k) {
+      if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
+        w.pid = -1;
+        return true;
+      }
+      ::usleep(50 * 1000);
+    }
+    return false;
+  };
+  // SIGKILL is never the implementation's own crash: the out-of-memory killer, a memory limit, a user.
+  // That is the environment's (exit 2) and judges nothing.
+  auto unless_killed_from_outside = [&](Worker& w, int status, const char* when) {
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) return;
+    const auto oom = oom_kills();
+    const std::string why =
+        oom && oom_at_start_ && *oom > *oom_at_start_
+            ? fmt::format(
+                  "the kernel's out-of-memory killer (this cgroup's memory.events counts {} oom_kill "
+                  "since the run started)",
+                  *oom - *oom_at_start_)
+            : std::string("the kernel's out-of-memory killer under a memory limit, or a user");
+    stop(w);
+    throw EnvironmentError("a worker process was killed by SIGKILL from outside ckverify (" + why + ") " + when +
+                           "; nothing was judged");
+  };
+  // A worker that died with its Case: the implementation's finding, unless killed from outside.
   auto died = [&](Worker& w) {
     int status = 0;
-    bool gone = false;
-    for (int k = 0; k < 40 && !gone; ++k) {
-      gone = ::waitpid(w.pid, &status, WNOHANG) == w.pid;
-      if (!gone) ::usleep(50 * 1000);
-    }
-    if (!gone) {  // alive, with its end of the channel closed
+    if (!reaped(w, status)) {  // alive, with its end of the channel closed
       lost(w, "closed ckverify's answer channel (a descriptor of the worker's own)");
       return;
     }
-    w.pid = -1;
-    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
-      const auto oom = oom_kills();
-      const std::string why =
-          oom && oom_at_start_ && *oom > *oom_at_start_
-              ? fmt::format(
-                    "the kernel's out-of-memory killer (this cgroup's memory.events counts {} oom_kill "
-                    "since the run started)",
-                    *oom - *oom_at_start_)
-              : std::string("the kernel's out-of-memory killer under a memory limit, or a user");
-      stop(w);
-      throw EnvironmentError("a worker process was killed by SIGKILL from outside ckverify (" + why +
-                             ") while it ran a case; nothing was judged");
-    }
+    unless_killed_from_outside(w, status, "while it ran a case");
     lost(w, "crashed the worker process (" + describe_exit(status) + ")");
   };
-  // A worker found gone (or deaf) between cases: what happened to it, in words; throws EnvironmentError
-  // when something outside ckverify killed it.
+  // A worker found gone (or deaf) between cases: what happened to it, in words.
   auto ended = [&](Worker& w) -> std::string {
     int status = 0;
-    bool gone = false;
-    for (int k = 0; k < 40 && !gone; ++k) {
-      gone = ::waitpid(w.pid, &status, WNOHANG) == w.pid;
-      if (!gone) ::usleep(50 * 1000);
-    }
-    if (!gone) return "closed its end of ckverify's channel between cases";
-    w.pid = -1;
-    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
-      stop(w);
-      throw EnvironmentError(
-          "a worker process was killed by SIGKILL from outside ckverify (the kernel's out-of-memory killer, or a "
-          "user) between cases; nothing was judged");
-    }
+    if (!reaped(w, status)) return "closed its end of ckverify's channel between cases";
+    unless_killed_from_outside(w, status, "between cases");
     return "ended the worker process after its case (" + describe_exit(status) + ")";
   };
   auto expected_wake = Clock::now();
