@@ -140,7 +140,11 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
       gen::set(&Case::inplace, pick(false, false, false, false, true)),
       gen::set(&Case::opt, pick(Optimizer::sgd, Optimizer::sgd, Optimizer::adam)),
       gen::set(&Case::resume, pick(0, 0, 0, 1, 2, 3)), gen::set(&Case::precision, gen_precision(o)),
-      gen::set(&Case::plan, plan));
+      gen::set(&Case::plan, plan),
+      // Fields added later come last, so the earlier fields of a seed's Cases stay what they were.
+      gen::set(&Case::inplace_on, pick(InplaceOn::input, InplaceOn::input, InplaceOn::mask)),
+      gen::set(&Case::inplace_micro, pick(0, 0, 1, 2)),
+      gen::set(&Case::segin, pick(SegIn::plain, SegIn::plain, SegIn::plain, SegIn::plain, SegIn::plain, SegIn::view)));
   // The deep shape first: RapidCheck shrinks a pair's first element first, so a deep failing Case is
   // tried small (and shallower) before any of its other fields.
   return gen::map(gen::pair(gen_deep(), shallow), [o](std::pair<DeepShape, Case> dc) {
@@ -162,6 +166,10 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
       c.model.key_padding = false, c.model.aux_weight = 0.0;  // segio=single
       if (c.model.tie == Tie::head) c.model.tie = Tie::none;
     }
+    // The in-place experiment's details only where it runs; the key mask only where segments receive one.
+    c.inplace_micro %= c.micro;
+    if (c.inplace_on == InplaceOn::mask && (!c.model.key_padding || c.seq < 2)) c.inplace_on = InplaceOn::input;
+    if (!c.inplace) c.inplace_on = InplaceOn::input, c.inplace_micro = 0;
     c.impl = o.impl;
     c.device = o.device;
     if (o.plan) {  // a fixed plan is kept as given: grow the stack until it fits

@@ -1,5 +1,6 @@
-// properties/refuses_inplace.cpp: refuses-inplace. When the input of a checkpointed segment is modified
-// in place between its forward and its backward, the recompute must not silently use the new value:
+// properties/refuses_inplace.cpp: refuses-inplace. When the input of a checkpointed segment (its hidden
+// state, or the key mask: inplace_on) is modified in place between its forward and its backward, in any
+// micro-batch (inplace_micro), the recompute must not silently use the new value:
 // either backward fails with an error (a version check, as torch's checkpoint and ckverify's builtin
 // do), or it completes with the gradients of the forward that ran (an implementation that recomputes
 // from its own copy of the input, e.g. a clone per call or torch.autograd.graph.save_on_cpu). The
@@ -16,15 +17,24 @@ const char* kName = "refuses-inplace";
 Finding judge(const Observations& o) {
   const InplaceExperiment& e = o.inplace_exp;
   if (!e.ran) return Finding::not_applicable(kName, e.why_not);
-  const std::string where = fmt::format("step 0 micro 0 segment {}", e.segment);
+  const bool mask = o.c.inplace_on == InplaceOn::mask;
+  const int micro = o.c.inplace_micro;
+  const std::string where = fmt::format("step 0 micro {} segment {}", micro, e.segment);
   if (e.threw) return Finding::pass(kName, "backward refused: " + e.message);
-  const std::string what = fmt::format(
-      "segment {}'s input was modified in place between forward and backward and backward completed without an "
-      "error",
-      e.segment);
+  const std::string pending =
+      o.c.sched == Schedule::ffbb && micro + 1 < o.c.micro
+          ? fmt::format(" (with the forwards of micro-batches {}..{} also waiting for backward)", micro + 1,
+                        o.c.micro - 1)
+          : std::string();
+  const std::string what =
+      (mask ? fmt::format("the key mask every segment received was modified in place after micro-batch {}'s forward",
+                          micro)
+            : fmt::format("segment {}'s input was modified in place between micro-batch {}'s forward and its backward",
+                          e.segment, micro)) +
+      pending + " and backward completed without an error";
   if (!e.reference_ran)
     return Finding::fail(kName, 0, where,
-                         what + ", but the same backward with the input left alone failed: " + e.reference_error);
+                         what + ", but the same backward with it left alone failed: " + e.reference_error);
   const Tolerance tol = baseline_tolerance(o.c.precision);
   auto differs = [&](const std::string& detail) {
     return Finding::fail(kName, 0, where,

@@ -195,6 +195,11 @@ const FaultDemo kDemos[] = {
     {"recompute-twice", "", ""},
     {"single-recompute", "gp=0.1", "gp=0"},
     {"no-version-check", "inplace=true", "inplace=false"},
+    {"unchecked-mask", "segio=multi inplace=true inplace_on=mask", "segio=multi inplace=true"},
+    // The edit of micro-batch 0 while micro-batch 1's call of the same segments waits; editing the latest
+    // call (micro-batch 1) is checked against its own counters.
+    {"version-by-segment", "micro=2 sched=ffbb inplace=true", "micro=2 sched=ffbb inplace=true inplace_micro=1"},
+    {"raw-storage-copy", "segin=view", "segin=plain"},
     {"no-restore-on-throw", "", ""},
     {"inputs-only-grad", "", ""},
     {"frozen-input-shortcut", "input=frozen", "input=trainable"},
@@ -343,20 +348,25 @@ TEST(MemorySaved, HoldsForAnImplementationThatCopiesInputsAndKeepsStatePerCall) 
 // refuses-inplace on a correct design that is not a version check: an implementation that recomputes
 // from its own copy of each input (a clone per call, as offloading or partitioning checkpoints hold) is
 // unaffected by the in-place change and yields the gradients of the forward it ran; it must pass, and the
-// no-version-check fault (which recomputes from the changed input) must still fail, on the same Cases.
+// no-version-check fault (which recomputes from the changed input) must still fail, on the same Cases:
+// the hidden state or the key mask, micro-batch 0 or a later one, plain inputs or views.
 TEST(RefusesInplace, AcceptsARecomputeFromItsOwnCopyAndStillKillsTheNewValue) {
   class CloneEveryCall : public CheckpointImpl {
    public:
     std::vector<torch::Tensor> run(const SegmentCall& call) override {
       std::vector<c10::IValue> copies(call.args.begin(), call.args.end());
       for (auto& a : copies)
-        if (a.isTensor() && a.toTensor().defined() && a.toTensor().is_floating_point()) a = a.toTensor().clone();
+        if (a.isTensor() && a.toTensor().defined()) a = a.toTensor().clone();
       return checkpoint(call.fn, std::move(copies));
     }
   };
   auto broken = make_impl("no-version-check");
-  for (const char* keys : {"inplace=true", "inplace=true plan=every2 prec=bf16", "inplace=true micro=2 sched=ffbb",
-                           "inplace=true plan=seg2 gp=0.1", "inplace=true plan=ffn input=frozen"}) {
+  for (const char* keys :
+       {"inplace=true", "inplace=true plan=every2 prec=bf16", "inplace=true micro=2 sched=ffbb",
+        "inplace=true plan=seg2 gp=0.1", "inplace=true plan=ffn input=frozen",
+        "inplace=true segio=multi inplace_on=mask", "inplace=true micro=3 sched=ffbb inplace_micro=1",
+        "inplace=true micro=2 inplace_micro=1 segin=view",
+        "inplace=true segio=multi inplace_on=mask micro=2 sched=ffbb plan=seg2"}) {
     CloneEveryCall impl;
     const auto fs = check_case(demo_case(keys, "builtin"), impl);
     EXPECT_EQ(failures(fs), "") << keys;

@@ -52,6 +52,8 @@ constexpr Names<Freeze, 3> kFreeze{{{Freeze::none, "none"}, {Freeze::alt, "alt"}
 constexpr Names<Hook, 3> kHook{{{Hook::none, "none"}, {Hook::scale, "scale"}, {Hook::clip, "clip"}}};
 constexpr Names<Schedule, 2> kSched{{{Schedule::fb, "fb"}, {Schedule::ffbb, "ffbb"}}};
 constexpr Names<Optimizer, 2> kOpt{{{Optimizer::sgd, "sgd"}, {Optimizer::adam, "adam"}}};
+constexpr Names<InplaceOn, 2> kInplaceOn{{{InplaceOn::input, "input"}, {InplaceOn::mask, "mask"}}};
+constexpr Names<SegIn, 2> kSegIn{{{SegIn::plain, "plain"}, {SegIn::view, "view"}}};
 constexpr Names<SegIO, 2> kSegIO{{{SegIO::single, "single"}, {SegIO::multi, "multi"}}};
 // The model's enums are spelled once, in reference/config.hpp.
 constexpr const Names<NormKind, 2>& kNorm = kNormNames;
@@ -327,6 +329,16 @@ const std::vector<Field>& fields() {
         [](Case& c) -> double& { return c.gp; }, false));
     t.push_back(bool_field("inplace", "also modify a checkpointed segment's input in place before backward",
                            [](Case& c) -> bool& { return c.inplace; }));
+    t.push_back(enum_field(
+        "inplace_on", "what inplace=true modifies: the hidden state a checkpointed segment received, or the key mask",
+        kInplaceOn, [](Case& c) -> InplaceOn& { return c.inplace_on; }, false));
+    t.push_back(int_field(
+        "inplace_micro",
+        "the micro-batch inplace=true modifies after its forward (under ffbb: with later ones waiting)", 0, 15,
+        [](Case& c) -> int& { return c.inplace_micro; }, false));
+    t.push_back(enum_field(
+        "segin", "a segment's hidden-state input: as produced, or a non-contiguous view with a storage offset", kSegIn,
+        [](Case& c) -> SegIn& { return c.segin; }, false));
     t.push_back(enum_field("prec", "precision: fp32, or the forward under bf16 / fp16 autocast", kPrec,
                            [](Case& c) -> Precision& { return c.precision; }));
     {
@@ -493,6 +505,12 @@ std::string_view to_string(Optimizer v) {
 std::string_view to_string(SegIO v) {
   return name_of(kSegIO, v);
 }
+std::string_view to_string(InplaceOn v) {
+  return name_of(kInplaceOn, v);
+}
+std::string_view to_string(SegIn v) {
+  return name_of(kSegIn, v);
+}
 
 std::vector<CaseFieldInfo> case_field_infos() {
   std::vector<CaseFieldInfo> out;
@@ -541,6 +559,14 @@ void validate(const Case& c) {
     fail("resume=" + std::to_string(c.resume) +
          " falls inside a step: that needs sched=fb (with sched=ffbb the "
          "forwards of the step are still alive)");
+  if (!c.inplace && (c.inplace_on != InplaceOn::input || c.inplace_micro != 0))
+    fail("inplace_on and inplace_micro describe the in-place experiment: they need inplace=true");
+  if (c.inplace_micro >= c.micro)
+    fail("inplace_micro=" + std::to_string(c.inplace_micro) + " must be below micro=" + std::to_string(c.micro));
+  if (c.inplace_on == InplaceOn::mask && (!m.key_padding || c.seq < 2))
+    fail(
+        "inplace_on=mask needs segio=multi (the key mask is a segment input) and seq >= 2 (the edit flips every key "
+        "but the first)");
   if (m.has(kBatchNorm) && c.batch * c.seq < 4)
     fail(
         "fx=bn needs batch x seq >= 4: over fewer values per channel BatchNorm's output hardly depends on its input "
@@ -575,6 +601,16 @@ Case case_from_line(const std::string& line) {
     j[k] = f->parse_text(v);  // a later key overrides an earlier one (a base line plus overrides)
   }
   return from_object(j);
+}
+
+void check_field_text(const std::string& key_value) {
+  const auto eq = key_value.find('=');
+  if (eq == std::string::npos || eq == 0) fail("\"" + sanitize(key_value) + "\" is not key=value");
+  const std::string k = key_value.substr(0, eq);
+  const Field* f = find_field(k);
+  if (!f) fail("unknown key \"" + sanitize(k) + "\" (allowed: " + all_keys() + ")");
+  Case c;
+  f->set(c, f->parse_text(key_value.substr(eq + 1)));
 }
 
 std::string to_json(const Case& c) {

@@ -39,6 +39,14 @@ enum class SegIO { single, multi };
 // The optimizer: plain SGD, or Adam (beta1 0.9, beta2 0.999, eps 1e-8, bias-corrected) whose moments
 // and step count are training state a resume must carry.
 enum class Optimizer { sgd, adam };
+// What the in-place experiment (inplace=true) modifies between a forward and its backward: the hidden
+// state a checkpointed segment received, or the bool key mask every segment receives (segio=multi; plain
+// autograd does not save it, so a plain run's gradients are those of the forward that ran).
+enum class InplaceOn { input, mask };
+// How a segment's hidden-state input arrives: as the previous segment produced it (contiguous), or as a
+// non-contiguous view with a storage offset of an equal-valued buffer (a view of a padded tensor, as a
+// slice of a larger activation is).
+enum class SegIn { plain, view };
 
 inline constexpr double kAuxWeight = 0.01;  // segio=multi: aux loss weight per block
 inline constexpr double kClipHook = 0.01;   // hook=clip bound
@@ -51,6 +59,8 @@ std::string_view to_string(Hook v);
 std::string_view to_string(Schedule v);
 std::string_view to_string(SegIO v);
 std::string_view to_string(Optimizer v);
+std::string_view to_string(InplaceOn v);
+std::string_view to_string(SegIn v);
 
 class CaseError : public std::invalid_argument {
  public:
@@ -78,6 +88,11 @@ struct Case {
   Hook hook = Hook::none;
   double gp = 0.0;       // gradient penalty gp * |dL/dx|^2 through create_graph (0: none)
   bool inplace = false;  // also run the in-place experiment (refuses-inplace)
+  InplaceOn inplace_on = InplaceOn::input;
+  // The micro-batch whose forward the in-place experiment edits after; under sched=ffbb every forward of
+  // the step runs first, so the edit lands while the later micro-batches' calls also wait for backward.
+  int inplace_micro = 0;
+  SegIn segin = SegIn::plain;
   Precision precision = Precision::fp32;
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
   Plan plan;
@@ -109,6 +124,10 @@ double estimated_parameters(const Case& c);
 std::string to_line(const Case& c);
 // Parses the line form (any subset of keys, the rest default); throws CaseError.
 Case case_from_line(const std::string& line);
+
+// Checks one key=value as its field alone does (known key, value within the field's limits), without the
+// rules that join fields (those need the whole Case); throws CaseError.
+void check_field_text(const std::string& key_value);
 
 std::string to_json(const Case& c);            // pretty-printed JSON, the line's keys
 Case case_from_json(const std::string& text);  // throws CaseError (malformed JSON included)

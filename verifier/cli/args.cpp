@@ -229,7 +229,7 @@ std::string parse_only(const std::vector<std::string>& words) {
     if (key == "impl" || key == "device" || key == "plan")
       throw UsageError("--only " + sanitize(w) + ": use --" + key + " for " + key);
     try {
-      case_from_line(w);
+      check_field_text(w);  // the rules that join fields apply to the generated Case (apply_only)
     } catch (const CaseError& e) {
       throw UsageError("--only: " + std::string(e.what()));
     }

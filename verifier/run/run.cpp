@@ -367,20 +367,37 @@ class Trainer {
       for (const auto& t : *v) r.memory.optimizer += static_cast<int64_t>(t.nbytes());
     if (device_.is_cpu()) r.memory.rng_state = static_cast<int64_t>(rng_.bytes().at(0).size());
   }
-  // The experiment of the trainer's mode, on step 0, micro-batch 0; fills throw_result / inplace_result.
+  // The experiment of the trainer's mode; fills throw_result / inplace_result. The throw experiment runs
+  // step 0, micro-batch 0. The in-place one edits after the forward of micro-batch k = c.inplace_micro:
+  // under sched=fb the micro-batches before it run forward and backward first; under sched=ffbb every
+  // forward of the step runs, then the edit, then the backwards in reverse order, so later calls of the
+  // same segments wait for backward beside the edited one.
   void experiment() {
     rng_.restore();
     if (impl_) impl_->begin_step(0);
-    live_.assign(1, {});
-    forward(0);
     const bool inplace = mode_ == Mode::inplace_input || mode_ == Mode::inplace_reference;
+    const int k = inplace ? c_.inplace_micro : 0;
+    const bool all_forwards_first = inplace && c_.sched == Schedule::ffbb;
+    const int n = all_forwards_first ? c_.micro : k + 1;
+    live_.assign(static_cast<size_t>(n), {});
+    for (int m = 0; m < k && !all_forwards_first; ++m) {
+      forward(m);
+      backward(m);
+    }
+    for (int m = all_forwards_first ? 0 : k; m < n; ++m) forward(m);
     if (mode_ == Mode::inplace_input) {
       torch::NoGradGuard no_grad;
-      // A ramp, not a constant: LayerNorm and RMSNorm are blind to a uniform shift or scale, so a
-      // recompute from add_(1)'s value could yield the very gradients of the forward that ran.
-      torch::Tensor& in = live_[0].segment_inputs.at(static_cast<size_t>(target_));
-      if (!in.defined()) throw std::runtime_error("the strategy did not run block " + std::to_string(target_));
-      in.add_(torch::linspace(0.5, 1.5, in.numel(), in.options()).reshape(in.sizes()));
+      if (c_.inplace_on == InplaceOn::mask) {
+        // Every key but the first flips (the first stays valid, so no query is left without a key). Plain
+        // autograd keeps only logical_not's copy of the mask: the forward that ran is unchanged by this.
+        key_valid_.narrow(1, 1, key_valid_.size(1) - 1).logical_not_();
+      } else {
+        // A ramp, not a constant: LayerNorm and RMSNorm are blind to a uniform shift or scale, so a
+        // recompute from add_(1)'s value could yield the very gradients of the forward that ran.
+        torch::Tensor& in = live_[static_cast<size_t>(k)].segment_inputs.at(static_cast<size_t>(target_));
+        if (!in.defined()) throw std::runtime_error("the strategy did not run block " + std::to_string(target_));
+        in.add_(torch::linspace(0.5, 1.5, in.numel(), in.options()).reshape(in.sizes()));
+      }
     } else if (!inplace) {
       // Move every generator on, so that a recompute that leaves the forward's state behind shows.
       torch::rand({1});
@@ -392,7 +409,7 @@ class Trainer {
     bool threw = false;
     std::string msg;
     try {
-      backward(0);
+      for (int m = n; m-- > (all_forwards_first ? 0 : k);) backward(m);
     } catch (const std::exception& e) {
       threw = true;
       msg = e.what();
@@ -403,7 +420,7 @@ class Trainer {
       if (!threw) {
         inplace_result.grads = model_.grads();
         inplace_result.grad_defined = model_.grads_defined();
-        inplace_result.dx = live_[0].dx;
+        for (const Live& l : live_) inplace_result.dx.insert(inplace_result.dx.end(), l.dx.begin(), l.dx.end());
       }
     } else {
       throw_result.after = GlobalState::current();
@@ -574,7 +591,7 @@ class Trainer {
     if (strategy_) {
       // The strategy gets the whole block stack and decides what to checkpoint.
       StackCall stack;
-      stack.x = h, stack.step = step_, stack.micro = m;
+      stack.x = segment_input(h), stack.step = step_, stack.micro = m;
       for (size_t s = 0; s < o_.segments.size(); ++s) {
         SegmentCall call;
         call.fn = segment_fn(s, m);
@@ -595,7 +612,7 @@ class Trainer {
       const Segment& seg = o_.segments[s];
       SegmentCall call;
       call.fn = segment_fn(s, m);
-      call.args = {h};
+      call.args = {segment_input(h)};
       if (c_.segio() == SegIO::multi) {
         call.args.emplace_back(key_valid_);
         call.args.emplace_back(unit);
@@ -603,7 +620,7 @@ class Trainer {
         call.args.emplace_back(kAuxWeight);
       }
       unit += static_cast<int64_t>(seg.units.size());
-      live.segment_inputs.push_back(h);
+      live.segment_inputs.push_back(call.args[0].toTensor());  // the tensor the segment received
       std::vector<torch::Tensor> outs;
       if (seg.checkpointed && impl_) {
         call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
@@ -634,6 +651,14 @@ class Trainer {
     first_forward_ = false;
     unit_timing_ = false;
     step_time_.forward += now() - forward_start;
+  }
+
+  // A segment's hidden-state input as the Case has it arrive (segin): under segin=view, the same values
+  // as a slice of a buffer padded by one element per row, so a non-contiguous view (for more than one
+  // row) with storage offset 1; one extra element per row of memory, in every run alike.
+  torch::Tensor segment_input(const torch::Tensor& h) const {
+    if (c_.segin != SegIn::view) return h;
+    return torch::constant_pad_nd(h, {1, 0}).narrow(-1, 1, h.size(-1));
   }
 
   // Seconds on a steady clock, after the device's queued work is done.

@@ -140,8 +140,10 @@ struct ThrowExperiment {
 };
 inline constexpr const char* kPlantedFailure = "ckverify: planted failure in the recompute";
 
-// A segment input modified in place between forward and backward (step 0, micro-batch 0): the input of
-// the last checkpointed segment through which gradient flows gets add_(1) under no_grad.
+// A segment input modified in place between forward and backward, in step 0 after the forward of
+// micro-batch c.inplace_micro (Trainer::experiment): under inplace_on=input the hidden state that the last
+// checkpointed segment through which gradient flows received gets a ramp added under no_grad; under
+// inplace_on=mask the key mask every segment receives flips all keys but the first.
 struct InplaceExperiment {
   bool ran = false;
   std::string why_not;

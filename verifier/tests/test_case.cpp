@@ -130,9 +130,13 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"segio=triple", true, "single|multi"}, Bad{"micro=0", true, "micro=0 is outside [1, 16]"},
         Bad{"sched=1f1b", true, "fb|ffbb"}, Bad{"freeze=some", true, "none|alt|blocks"},
         Bad{"hook=log", true, "none|scale|clip"}, Bad{"input=maybe", true, "trainable|frozen"},
-        Bad{"inplace=yes", true, "true|false"}, Bad{"gp=-1", true, "gp=-1.0 is outside [0, 1e+06]"},
-        Bad{"gp=0.1 input=frozen", true, "needs input=trainable"}, Bad{"lr=0", true, "lr=0.0 is outside (0, 1e+06]"},
-        Bad{"lr=1e400", true, "is not a finite number"},
+        Bad{"inplace=yes", true, "true|false"}, Bad{"inplace_on=mask", true, "need inplace=true"},
+        Bad{"inplace=true inplace_micro=1", true, "inplace_micro=1 must be below micro=1"},
+        Bad{"inplace=true inplace_on=mask", true, "inplace_on=mask needs segio=multi"},
+        Bad{"inplace=true inplace_on=mask segio=multi seq=1", true, "and seq >= 2"},
+        Bad{"inplace=true inplace_on=key", true, "input|mask"}, Bad{"segin=slice", true, "plain|view"},
+        Bad{"gp=-1", true, "gp=-1.0 is outside [0, 1e+06]"}, Bad{"gp=0.1 input=frozen", true, "needs input=trainable"},
+        Bad{"lr=0", true, "lr=0.0 is outside (0, 1e+06]"}, Bad{"lr=1e400", true, "is not a finite number"},
         Bad{"plan=every0", true, "none|block|everyN|segK|sqrt|attn|ffn|fromI"}, Bad{"plan=seg70", true, "at most 64"},
         Bad{"plan=from64", true, "I at most 63"}, Bad{"plan=seg9 layers=2", true, "seg9 needs K <= layers=2"},
         Bad{"device=tpu", true, "cpu|cuda|cuda:N"}, Bad{"colour=red", true, "unknown key \"colour\""},
@@ -377,12 +381,13 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
   {
     Case probe;
     auto& [model, dropout, dropout_impl, seed, batch, seq, steps, micro, sched, lr, opt, resume, input_frozen, freeze,
-           hook, gp, inplace, precision, device, plan, impl] = probe;
+           hook, gp, inplace, inplace_on, inplace_micro, segin, precision, device, plan, impl] = probe;
     auto& [layers, d_model, heads, ffn_mult, vocab, norm, placement, attention, causal, activation, loss, tie,
            key_padding, aux_weight, effects] = probe.model;
     (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)steps, (void)micro;
     (void)sched, (void)lr, (void)opt, (void)resume, (void)input_frozen, (void)freeze, (void)hook, (void)gp;
-    (void)inplace, (void)precision, (void)device, (void)plan, (void)impl, (void)layers, (void)d_model, (void)heads;
+    (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)precision, (void)device, (void)plan,
+        (void)impl, (void)layers, (void)d_model, (void)heads;
     (void)ffn_mult, (void)vocab, (void)norm, (void)placement, (void)attention, (void)causal, (void)activation;
     (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects;
   }
@@ -419,6 +424,9 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
       {"hook", [](Case& c) { c.hook = Hook::clip; }},
       {"gp", [](Case& c) { c.gp = 0.5; }},
       {"inplace", [](Case& c) { c.inplace = true; }},
+      {"inplace_on", [](Case& c) { c = case_from_line(to_line(c) + " segio=multi inplace=true inplace_on=mask"); }},
+      {"inplace_micro", [](Case& c) { c.inplace = true, c.inplace_micro = 1; }},
+      {"segin", [](Case& c) { c.segin = SegIn::view; }},
       {"precision", [](Case& c) { c.precision = Precision::bf16; }},
       {"device", [](Case& c) { c.device = "cuda:1"; }},
       {"plan",

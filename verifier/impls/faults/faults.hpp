@@ -18,6 +18,9 @@ ImplEntry default_dtype_replay();  // recompute under autocast with the device's
 ImplEntry recompute_twice();       // recompute runs fn twice
 ImplEntry no_restore_on_throw();   // global state restored only when the recompute succeeds
 ImplEntry no_version_check();      // inputs modified in place are recomputed from silently
+ImplEntry unchecked_mask();        // only inputs that require grad are checked for in-place changes
+ImplEntry version_by_segment();    // the in-place check looks at the segment's latest call
+ImplEntry raw_storage_copy();      // recomputes from input copies read as contiguous storage
 ImplEntry single_recompute();      // a second backward through the segment fails
 ImplEntry per_segment_state();     // RNG state kept per segment, not per call
 ImplEntry rng_ring();              // RNG states in a ring of 32 slots that wraps
