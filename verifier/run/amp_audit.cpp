@@ -84,7 +84,8 @@ double loss_of(const std::vector<double>& losses) {
 
 AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
   Case base = given;
-  base.steps = 1, base.resume = 0, base.inplace = false, base.gp = 0.0;  // step 0 against the reference
+  base.steps = 1, base.resume = 0, base.gp = 0.0;                                    // step 0 against the reference
+  base.inplace = false, base.inplace_on = InplaceOn::input, base.inplace_micro = 0;  // no in-place experiment
   if (base.plan.kind == PlanKind::none) base.plan = Plan{PlanKind::every_block, 0};
   check_environment(base);
   AmpAudit a;
