@@ -379,6 +379,35 @@ TEST(RefusesInplace, AcceptsARecomputeFromItsOwnCopyAndStillKillsTheNewValue) {
   }
 }
 
+// segin=view hands each segment a non-contiguous view. A correct implementation may pass on or save a
+// contiguous copy of it (DeepSpeed's contiguous checkpointing, a clone() against in-place edits), and
+// fp32 kernels round differently on another layout (under pos=post a CPU matmul of 2 or 6 rows with
+// another leading dimension); every run's segments compute on the Case's layout, so the copy is bitwise harmless.
+// Before, losses moved by an ulp and grad-baseline failed this correct design on these Cases.
+TEST(GradBaseline, AcceptsAContiguousCopyOfAViewInput) {
+  class ContiguousCopy : public CheckpointImpl {
+   public:
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      std::vector<c10::IValue> copies(call.args.begin(), call.args.end());
+      for (auto& a : copies)
+        if (a.isTensor() && a.toTensor().defined()) {
+          views += !a.toTensor().is_contiguous();
+          a = a.toTensor().contiguous();
+        }
+      return checkpoint(call.fn, std::move(copies));
+    }
+    int views = 0;  // non-contiguous inputs received
+  };
+  for (const char* keys :
+       {"segin=view pos=post d=8 batch=1 seq=2", "segin=view pos=post d=16 batch=2 seq=3 plan=every2 micro=2",
+        "segin=view pos=post d=12 batch=1 seq=6 segio=multi plan=seg2",
+        "segin=view pos=post d=8 batch=2 seq=3 prec=bf16 gp=0.1"}) {
+    ContiguousCopy impl;
+    EXPECT_EQ(failures(check_case(demo_case(keys, "builtin"), impl)), "") << keys;
+    EXPECT_GT(impl.views, 0) << keys << ": the implementation was handed no view to copy";
+  }
+}
+
 // ---- side effects ----
 
 // The builtin applies every recompute-aware effect once per forward, with every plan shape, both

@@ -551,14 +551,14 @@ class Trainer {
       if (mode_ == Mode::throw_in_recompute && static_cast<int>(s) == target_ && phase_ > 0)
         throw std::runtime_error(kPlantedFailure);
       if (c_.segio() == SegIO::single) {
-        torch::Tensor h = args.at(0).toTensor();
+        torch::Tensor h = segment_input(args.at(0).toTensor());
         for (const Unit& u : seg.units) {
           h = model_.run_unit(u, h, {});
           note_unit();
         }
         return {h};
       }
-      torch::Tensor h = args.at(0).toTensor();
+      torch::Tensor h = segment_input(args.at(0).toTensor());
       const torch::Tensor key_valid = args.at(1).toTensor();
       const int64_t start = args.at(2).toInt(), stop = args.at(3).toInt();
       const double aux_weight = args.at(4).toDouble();
@@ -655,7 +655,11 @@ class Trainer {
 
   // A segment's hidden-state input as the Case has it arrive (segin): under segin=view, the same values
   // as a slice of a buffer padded by one element per row, so a non-contiguous view (for more than one
-  // row) with storage offset 1; one extra element per row of memory, in every run alike.
+  // row) with storage offset 1; one extra element per row of memory, in every run alike. The segment
+  // function applies it again to what it is given: a correct checkpoint may save or pass on a contiguous
+  // copy (clone(), contiguous()), and fp32 kernels round differently on another layout (a matmul with
+  // another leading dimension), so the segment computes on this layout whatever layout reaches it, and a
+  // strategy's blocks (given one another's outputs) compute as the baseline's segments do.
   torch::Tensor segment_input(const torch::Tensor& h) const {
     if (c_.segin != SegIn::view) return h;
     return torch::constant_pad_nd(h, {1, 0}).narrow(-1, 1, h.size(-1));

