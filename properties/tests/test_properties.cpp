@@ -568,5 +568,36 @@ TEST(GradBaseline, IllConditionedCaseJudgedAgainstTheDesignFloor) {
   torch::set_num_threads(threads);
 }
 
+// The reference reentrant design (the reentrant faults' skeleton and grad-baseline's measured floor)
+// is correct with weights tied across blocks: its inner autograd::grad must stop at the segment's
+// inputs, or it follows their history into the earlier blocks that share the weight, counts that use
+// twice and frees graph the outer backward needs ("backward through the graph a second time"), and the
+// floor never runs on such Cases. With a gradient penalty, in AMP, and where the floor itself runs.
+TEST(ReentrantDesign, HoldsWithWeightsTiedAcrossBlocks) {
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(1);
+  auto reentrant = make_impl("reentrant-hooks");  // correct on hook=none
+  for (const char* line : {
+           "layers=8 d=4 heads=1 ffn=1 vocab=6 norm=rmsnorm pos=post attn=bidir act=gelu_erf loss=mse tie=blocks "
+           "segio=multi drop=0.25,0,0.5,0.25 batch=3 seq=2 steps=3 lr=0.05 plan=block seed=4489023436556022",
+           "layers=4 d=8 heads=2 tie=blocks batch=2 seq=3 steps=2 gp=0.1 plan=block seed=3",
+           "layers=4 d=8 heads=2 tie=blocks batch=2 seq=3 steps=2 gp=0.1 prec=bf16 plan=seg2 seed=5",
+       }) {
+    const Case c = case_from_line(line);
+    EXPECT_EQ(failures(check_case(c, *reentrant)), "") << line;
+  }
+  const Case ill = case_from_line(
+      "layers=4 d=8 heads=1 ffn=1 vocab=3 norm=layernorm pos=post attn=bidir act=relu loss=mse tie=blocks "
+      "drop=0.25,0.25,0,0.1 fx=bn batch=2 seq=2 steps=2 gp=1 plan=block seed=4713764015865067");
+  EXPECT_TRUE(find_property("grad-baseline")->judge(observe(ill, *reentrant)).held);
+  // A recompute that loses the penalty's second-order path moves gradients past the fixed bound: the
+  // floor runs, and does not rescue it.
+  auto leaf = make_impl("leaf-input-recompute");
+  const Observations o = observe(ill, *leaf);
+  EXPECT_TRUE(o.design_ran) << o.design_why_not;
+  EXPECT_TRUE(find_property("grad-baseline")->judge(o).failed());
+  torch::set_num_threads(threads);
+}
+
 }  // namespace
 }  // namespace ckv

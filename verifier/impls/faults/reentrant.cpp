@@ -41,47 +41,93 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
     const size_t n_inputs = static_cast<size_t>(ctx->saved_data["inputs"].toInt());
     const std::vector<torch::Tensor> params = ctx->get_saved_variables();
     const bool create_graph = torch::GradMode::is_enabled();
-    checkpoint_detail::GlobalStateGuard guard(/*rng=*/true);
-    st->rng.restore();
-    compat::ScopedAutocastState autocast(st->v.replay_autocast ? st->autocast : compat::AutocastState::current());
-    torch::AutoGradMode grad_on(true);
+    // What this backward call needs (autograd::grad(loss, x) needs no parameter gradient).
+    std::vector<bool> need_input(n_inputs), need_param(params.size());
+    bool any_param = false;
+    for (size_t k = 0; k < n_inputs; ++k) need_input[k] = ctx->needs_input_grad(k);
+    for (size_t i = 0; i < params.size(); ++i) {
+      need_param[i] = st->v.differentiate_params && params[i].requires_grad() && ctx->needs_input_grad(n_inputs + i);
+      any_param = any_param || need_param[i];
+    }
+    torch::autograd::variable_list grads(n_inputs + params.size() + 1);  // + the state argument
 
-    std::vector<c10::IValue> args = st->args;
-    std::vector<torch::Tensor> inputs;  // what the recompute is differentiated against, per tensor input
-    for (size_t k = 0; k < st->tensor_slots.size(); ++k) {
-      const torch::Tensor& t = st->args[st->tensor_slots[k]].toTensor();
-      torch::Tensor d = t;
-      if (st->v.leaf_inputs) {
-        d = t.detach();
-        if (t.is_floating_point()) d.requires_grad_(t.requires_grad());
-        args[st->tensor_slots[k]] = d;
+    // A gradient penalty differentiates the input gradients again, through the inputs' history: they
+    // come from a recompute on the inputs themselves (targets: fresh aliases of them, at which the
+    // engine stops). Everything else comes from a recompute on detached copies, as torch does: with
+    // the inputs' history attached, the engine would follow it to a parameter that is also used before
+    // the segment (weights tied across blocks), count that use twice and free graph the outer backward
+    // still needs.
+    const bool attached = create_graph && !st->v.leaf_inputs;
+    if (attached) {
+      bool any_input = false;
+      for (size_t k = 0; k < n_inputs; ++k) any_input = any_input || need_input[k];
+      if (any_input) {
+        std::vector<torch::Tensor> inputs;
+        const auto outs = recompute(*st, /*detach=*/false, inputs);
+        std::vector<torch::Tensor> targets;
+        std::vector<size_t> slot;
+        for (size_t k = 0; k < inputs.size(); ++k)
+          if (need_input[k] && inputs[k].requires_grad()) targets.push_back(inputs[k]), slot.push_back(k);
+        differentiate(outs, grad_outputs, targets, slot, create_graph, grads);
       }
-      inputs.push_back(d);
+      if (!any_param) return grads;
     }
-    std::vector<torch::Tensor> outs;
-    {
-      SegmentScope scope(st->segment, /*recomputing=*/true);
-      outs = st->fn(args);
-    }
-
-    std::vector<torch::Tensor> targets, out_sel, grad_sel;
+    std::vector<torch::Tensor> inputs;
+    const auto outs = recompute(*st, /*detach=*/true, inputs);
+    std::vector<torch::Tensor> targets;
     std::vector<size_t> slot;
-    for (size_t k = 0; k < inputs.size(); ++k)
-      if (inputs[k].requires_grad()) targets.push_back(inputs[k]), slot.push_back(k);
-    if (st->v.differentiate_params)
-      for (size_t i = 0; i < params.size(); ++i)
-        if (params[i].requires_grad()) targets.push_back(params[i]), slot.push_back(n_inputs + i);
+    if (!attached)
+      for (size_t k = 0; k < inputs.size(); ++k)
+        if (need_input[k] && inputs[k].requires_grad()) targets.push_back(inputs[k]), slot.push_back(k);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (need_param[i]) targets.push_back(params[i]), slot.push_back(n_inputs + i);
+    differentiate(outs, grad_outputs, targets, slot, create_graph, grads);
+    return grads;
+  }
+
+ private:
+  // Runs fn again under the forward's RNG and autocast state. `inputs` receives, per tensor input, what
+  // the recompute is differentiated against: a detached copy (detach) or an alias of the input (its
+  // history attached). Either is a leaf exactly when the input is (autocast caches the casts of fp32
+  // leaves that require grad, so the recompute casts what the forward cast), unless leaf_inputs.
+  static std::vector<torch::Tensor> recompute(State& st, bool detach, std::vector<torch::Tensor>& inputs) {
+    checkpoint_detail::GlobalStateGuard guard(/*rng=*/true);
+    st.rng.restore();
+    compat::ScopedAutocastState autocast(st.v.replay_autocast ? st.autocast : compat::AutocastState::current());
+    torch::AutoGradMode grad_on(true);
+    std::vector<c10::IValue> args = st.args;
+    for (size_t k = 0; k < st.tensor_slots.size(); ++k) {
+      const torch::Tensor& t = st.args[st.tensor_slots[k]].toTensor();
+      torch::Tensor target = t, given = t;
+      if (detach) {
+        target = t.detach();
+        if (t.is_floating_point()) target.requires_grad_(t.requires_grad());
+        given = target;
+      } else if (!t.is_leaf()) {
+        target = t.view_as(t);
+        given = target;
+      }
+      if (!st.v.leaf_inputs && !t.is_leaf() && target.requires_grad() && target.is_leaf())
+        given = target.clone();  // not a leaf, as in the forward; its gradient reaches target
+      args[st.tensor_slots[k]] = given;
+      inputs.push_back(target);
+    }
+    SegmentScope scope(st.segment, /*recomputing=*/true);
+    return st.fn(args);
+  }
+
+  static void differentiate(const std::vector<torch::Tensor>& outs, const torch::autograd::variable_list& grad_outputs,
+                            const std::vector<torch::Tensor>& targets, const std::vector<size_t>& slot,
+                            bool create_graph, torch::autograd::variable_list& grads) {
+    std::vector<torch::Tensor> out_sel, grad_sel;
     for (size_t i = 0; i < outs.size() && i < grad_outputs.size(); ++i)
       if (outs[i].requires_grad() && grad_outputs[i].defined())
         out_sel.push_back(outs[i]), grad_sel.push_back(grad_outputs[i]);
-
-    torch::autograd::variable_list grads(n_inputs + params.size() + 1);  // + the state argument
-    if (!targets.empty() && !out_sel.empty()) {
-      const auto g = torch::autograd::grad(out_sel, targets, grad_sel, /*retain_graph=*/create_graph, create_graph,
-                                           /*allow_unused=*/true);
-      for (size_t k = 0; k < g.size(); ++k) grads[slot[k]] = g[k];
-    }
-    return grads;
+    if (targets.empty() || out_sel.empty()) return;
+    torch::AutoGradMode grad_mode(create_graph);
+    const auto g = torch::autograd::grad(out_sel, targets, grad_sel, /*retain_graph=*/create_graph, create_graph,
+                                         /*allow_unused=*/true);
+    for (size_t k = 0; k < g.size(); ++k) grads[slot[k]] = g[k];
   }
 };
 

@@ -1,9 +1,12 @@
 // verifier/impls/faults/reentrant.hpp: a reentrant checkpoint, the other design (torch.utils.checkpoint
 // with use_reentrant=True, and what most hand-written C++ checkpoints look like): one custom autograd
-// Function whose forward runs fn under no_grad, and whose backward recomputes fn from the same inputs
-// under the forward's RNG and autocast state and differentiates the recomputed graph with
-// autograd::grad w.r.t. those inputs and the declared parameters (with create_graph when backward has
-// it, so a gradient penalty reaches the inputs' history). It is correct on everything the builtin is
+// Function whose forward runs fn under no_grad, and whose backward recomputes fn from detached copies of
+// its inputs under the forward's RNG and autocast state and differentiates the recomputed graph with
+// autograd::grad w.r.t. those copies and the declared parameters. Under create_graph (a gradient
+// penalty) the input gradients come from a second recompute on the inputs themselves, so that their
+// second-order term reaches the inputs' history; the parameters' still come from the detached one
+// (with the history attached, the engine would follow it to a weight tied to an earlier segment, count
+// that use twice and free graph the outer backward needs). It is correct on everything the builtin is
 // except one thing, which makes it a fault of its own: a parameter's gradient hook runs twice, once
 // inside the inner autograd::grad and once when the Function's output gradient reaches the parameter.
 // The variants below each break one more thing.
@@ -19,10 +22,10 @@ struct ReentrantVariant {
   // the same autocast region, which then get no gradient.
   bool guard_cast_cache = true;
   bool differentiate_params = true;  // false: only the inputs get gradients
-  // Recompute from detached copies of the inputs (leaves), as older reentrant checkpoints do: autocast
-  // caches the casts of fp32 leaves that require grad, so the consumers of an input share one cast and
-  // their gradients are summed in the autocast dtype instead of fp32 (and a gradient penalty loses the
-  // inputs' second-order term).
+  // Hand fn the detached inputs themselves (leaves), under create_graph too, as older reentrant
+  // checkpoints do: autocast caches the casts of fp32 leaves that require grad, so the consumers of an
+  // input share one cast and their gradients are summed in the autocast dtype instead of fp32, and a
+  // gradient penalty loses the inputs' second-order term.
   bool leaf_inputs = false;
   // Recompute under the forward's autocast state; false: under backward's (autocast off), as torch's
   // reentrant checkpoint did before it saved the autocast state for the recompute.
