@@ -9,6 +9,7 @@
 #include <iostream>
 #include <optional>
 
+#include "verifier/case/environment_error.hpp"
 #include "verifier/cli/args.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/run.hpp"
@@ -76,6 +77,10 @@ int run_train(const TrainArgs& a) {
   try {
     steps = run.advance_to(target);
   } catch (const std::exception& e) {
+    if (is_out_of_memory(e))
+      throw EnvironmentError("the run ran out of memory at micro-batch " + std::to_string(run.position()) + " (" +
+                             sanitize(std::string(e.what()).substr(0, std::string(e.what()).find('\n')), 300) +
+                             "): give it more memory");
     if (!checkpoints) throw;
     return stopped(e.what());
   } catch (...) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "verifier/case/case.hpp"
+#include "verifier/cli/scratch.hpp"
 #include "verifier/cli/workers.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/progress.hpp"
@@ -108,6 +109,7 @@ std::string signal_name(int sig) {
 int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   std::cout.flush(), std::cerr.flush();
   token = channel_token();
+  const std::string tmpdir = implementation_tmpdir();  // made before the fork, removed by the parent
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   for (int& fd : fds) {  // above the descriptors an implementation would guess at
@@ -121,6 +123,7 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   }
   if (pid == 0) {
     ::close(fds[0]);
+    if (!tmpdir.empty()) ::setenv("TMPDIR", tmpdir.c_str(), 1);
     child(fds[1], body);
   }
   ::close(fds[1]);

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "verifier/cli/output.hpp"
+#include "verifier/cli/scratch.hpp"
 #include "verifier/cli/search.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/progress.hpp"
@@ -314,8 +315,17 @@ bool WorkerPool::start(Worker& w, Clock::time_point deadline) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The environment, with TMPDIR in ckverify's own directory for the implementation (scratch.hpp).
+  std::vector<std::string> env_store;
+  const std::string& tmpdir = implementation_tmpdir();
+  for (char** e = environ; *e; ++e)
+    if (tmpdir.empty() || std::strncmp(*e, "TMPDIR=", 7) != 0) env_store.emplace_back(*e);
+  if (!tmpdir.empty()) env_store.push_back("TMPDIR=" + tmpdir);
+  std::vector<char*> envp;
+  for (auto& e : env_store) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   ::close(req[0]);

@@ -65,11 +65,6 @@ std::string first_line(const std::string& s) {
   return sanitize(s.substr(0, s.find('\n')), 400);
 }
 
-bool looks_like_out_of_memory(const std::string& msg) {
-  return msg.find("out of memory") != std::string::npos || msg.find("not enough memory") != std::string::npos ||
-         msg.find("std::bad_alloc") != std::string::npos;
-}
-
 torch::Tensor to_tensor(const std::vector<double>& v, std::vector<int64_t> shape, const torch::Device& d) {
   return torch::from_blob(const_cast<double*>(v.data()), shape, torch::kDouble).to(torch::kFloat).to(d);
 }
@@ -955,6 +950,8 @@ RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options
     for (int s = 0; s < c.steps; ++s) r.steps.push_back(t.step(s));
     t.finish(r, nullptr);
   } catch (const std::exception& e) {
+    if (is_out_of_memory(e))
+      throw EnvironmentError("the run ran out of memory (" + first_line(e.what()) + "): give it more memory");
     t.finish(r, &e);
   }
   return r;
@@ -1059,15 +1056,13 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
       o.baseline.steps.push_back(base.step(s));
     } catch (const std::exception& e) {
       const std::string msg = first_line(e.what());
-      if (looks_like_out_of_memory(msg)) throw EnvironmentError("the baseline run ran out of memory: " + msg);
+      if (is_out_of_memory(e)) throw EnvironmentError("the baseline run ran out of memory: " + msg);
       throw std::runtime_error("the baseline run (no checkpointing) failed: " + msg);
     }
     try {
       o.test.steps.push_back(test.step(s));
     } catch (const std::exception& e) {
-      // Out of memory is the machine's limit as far as ckverify can tell (a leak shows on smaller
-      // Cases as memory-saved), never a finding against the implementation.
-      if (dynamic_cast<const std::bad_alloc*>(&e) || looks_like_out_of_memory(first_line(e.what())))
+      if (is_out_of_memory(e))
         throw EnvironmentError("the run under test ran out of memory (" + first_line(e.what()) +
                                ") where the baseline did not: give the run more memory (memory-saved judges how "
                                "much a checkpoint keeps on Cases that fit)");

@@ -52,6 +52,16 @@ grep -q "ended the process (exit status 0)" <("$ck" train sv-exit.json 2>&1) || 
 expect 1 "bench: a plugin that segfaults" -- "$ck" bench sv-segv.json --impl "$mis:mode=segv" --plans block \
   --warmup 0 --repeats 1 --max-repeats 1
 grep -q "signal 11" out.txt || { bad "bench segv: the signal is not named"; cat out.txt err.txt; }
+# Out of memory is the environment's in these commands too: exit 2, one line, never a FAIL.
+sv_case sv-oom.json oom
+expect 2 "train: out of memory" -- "$ck" train sv-oom.json
+grep -q "ran out of memory" err.txt && ! grep -q "^FAIL" out.txt || { bad "train oom"; cat out.txt err.txt; }
+one_line_error "train oom"
+expect 2 "audit-amp: out of memory" -- "$ck" audit-amp sv-oom.json --plan block
+grep -q "ran out of memory" err.txt && ! grep -q "^FAIL" out.txt || { bad "audit-amp oom"; cat out.txt err.txt; }
+expect 2 "bench: out of memory" -- "$ck" bench sv-oom.json --impl "$mis:mode=oom" --plans block --warmup 0 --repeats 1 \
+  --max-repeats 1
+grep -q "ran out of memory" err.txt && ! grep -q "^FAIL" out.txt || { bad "bench oom"; cat out.txt err.txt; }
 sv_case sv-hang.json hang
 start=$(date +%s)
 expect 1 "train: a plugin that hangs" -- "$ck" train sv-hang.json --stall-timeout 3

@@ -51,6 +51,16 @@ grep -q "keyword argument(s) colour" out.txt || { bad "unexpected kwarg"; cat ou
 # context_fn passes the default gate, side-effecting modules included; the same without marking the
 # recompute fails side-effect-once.
 export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
+# What the processes that run an implementation leave in TMPDIR (torch's import leaves a directory per
+# process; this module leaves one per call) goes with the run, for every command that runs one.
+mkdir -p tmpd
+expect 0 "check: TMPDIR left clean" -- env TMPDIR="$PWD/tmpd" "$ck" check --impl py:ckverify_test_impls:leaves_tempdir \
+  --only fx=none --cases 3 -j 2
+[ -z "$(ls -A tmpd)" ] || bad "check left in TMPDIR: $(ls tmpd)"
+"$ck" case layers=2 d=8 heads=2 steps=1 plan=block impl=py:ckverify_test_impls:leaves_tempdir > tmpd-case.json
+expect 0 "train: TMPDIR left clean" -- env TMPDIR="$PWD/tmpd" "$ck" train tmpd-case.json
+[ -z "$(ls -A tmpd)" ] || bad "train left in TMPDIR: $(ls tmpd)"
+
 expect 0 "torch's checkpoint marking its recomputes passes fx Cases" -- "$ck" check --impl py:ckverify.adapters:torch_checkpoint \
   --only fx=counter,log,bn,cache,noise --only batch=2 --only seq=4 --cases 60 --time-budget 100
 expect 1 "a recompute marked as a first forward fails side-effect-once" -- "$ck" check \

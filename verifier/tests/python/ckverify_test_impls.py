@@ -12,6 +12,8 @@ Correct designs that are not torch's checkpoint as it is, and one wrong one:
 And two that raise, for the tracebacks in reports: raises_in_recompute (in backward), raises_in_forward;
 and stateful, correct for its first calls in a process only.
 """
+import tempfile
+
 import torch
 import torch.utils.checkpoint as tc
 
@@ -25,6 +27,11 @@ def _aware(segment, *args, **kw):
 def clone_per_call(segment, *args):
     copies = [a.clone() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
     return _aware(segment, *copies)
+
+
+def leaves_tempdir(segment, *args):
+    tempfile.mkdtemp(prefix="left-by-the-implementation-")
+    return _aware(segment, *args)
 
 
 def offloaded(segment, *args):
