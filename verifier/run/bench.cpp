@@ -157,8 +157,9 @@ std::vector<Measured> measure_interleaved(
         }
       } catch (const std::exception& e) {
         if (is_out_of_memory(e))
-          throw EnvironmentError(fmt::format("the run ran out of memory ({}): give it more memory, or bench a smaller Case",
-                                             std::string(e.what()).substr(0, std::string(e.what()).find('\n'))));
+          throw EnvironmentError(
+              fmt::format("the run ran out of memory ({}): give it more memory, or bench a smaller Case",
+                          std::string(e.what()).substr(0, std::string(e.what()).find('\n'))));
         errors[i] = e.what();
       }
     }
