@@ -86,10 +86,21 @@ double fp32_error(const std::vector<double>& e64, const Fp32Evaluations& e32, bo
 }
 }  // namespace
 
+double reference_model_scale(const std::vector<const std::vector<double>*>& e64) {
+  double m = 0.0;
+  for (const auto* t : e64) m = std::max(m, largest(*t));
+  return m;
+}
+
+Tolerance reference_floor_tolerance(double scale, double model_scale) {
+  return {0.0, kReferenceFloor * kFp32Eps * std::max(scale, model_scale),
+          fmt::format("{} fp32 eps of the step's largest gradient", kReferenceFloor)};
+}
+
 StepConditioning step_conditioning(const std::vector<const std::vector<double>*>& e64,
                                    const std::vector<Fp32Evaluations>& e32) {
   StepConditioning c;
-  for (const auto* t : e64) c.model_scale = std::max(c.model_scale, largest(*t));
+  c.model_scale = reference_model_scale(e64);
   for (size_t k = 0; k < e64.size(); ++k) {
     const double scale = largest(*e64[k]);
     if (scale < 1e-3 * c.model_scale || scale == 0.0) continue;
@@ -119,7 +130,7 @@ ReferenceBound reference_tolerance(const std::vector<double>& e64, const Fp32Eva
             false,
             fmt::format("fp32 rounding alone moves it by {:.2e} of its scale: too ill-conditioned in fp32 to check",
                         scale > 0 ? err32 / scale : err32)};
-  const double floor = kReferenceFloor * kFp32Eps * std::max(scale, step.model_scale);
+  const double floor = reference_floor_tolerance(scale, step.model_scale).atol;
   const double noise = std::max(err32, step.spread * scale);
   b.tol = {0.0, kReferenceFactor * noise + floor,
            fmt::format("{} x max(the fp32 reference's own error {:.3g}, the step's fp32 spread {:.3g} x scale) + {} "

@@ -1039,6 +1039,69 @@ void run_design_floor(Observations& o, const GlobalStateCheck& entry) {
 }
 }  // namespace
 
+std::vector<ReferenceTensor> reference_tensors(const Observations& o, size_t s) {
+  const ReferenceRecord& ref = o.reference;
+  const Case& c = o.c;
+  const StepRecord& t = o.test.steps.at(s);
+  const ExpectedStep& e64 = ref.fp64.at(s);
+  std::vector<const ExpectedStep*> e32;
+  if (s < ref.fp32_evaluated.size() && ref.fp32_evaluated[s]) e32 = {&ref.fp32.at(s), &ref.fp32_perturbed.at(s)};
+  auto evaluations = [&](auto pick) {
+    std::vector<std::vector<double>> out;
+    for (const ExpectedStep* e : e32) out.push_back(pick(*e));
+    return out;
+  };
+  std::vector<ReferenceTensor> out;
+  for (size_t m = 0; m < t.losses.size(); ++m)
+    out.push_back({{fmt::format("loss (micro {})", m), {}, {}},
+                   {t.losses[m]},
+                   {e64.losses.at(m)},
+                   evaluations([m](const ExpectedStep& e) { return std::vector<double>{e.losses.at(m)}; })});
+  for (size_t k = e64.grads.items.size(); k-- > 0;) {
+    if (!o.trainable.at(k)) continue;
+    const NamedArray& g = e64.grads.items[k];
+    const std::vector<std::string> dims =
+        g.shape.size() == 2 ? std::vector<std::string>{"row", "col"} : std::vector<std::string>{"i"};
+    out.push_back(
+        {{g.name + ".grad", g.shape, dims}, t.grads.items.at(k).data, g.data, evaluations([k](const ExpectedStep& e) {
+           return e.grads.items.at(k).data;
+         })});
+  }
+  if (!c.input_frozen)
+    for (size_t m = 0; m < t.dx.size(); ++m)
+      out.push_back({{fmt::format("x.grad (micro {})", m), {c.batch, c.seq, c.model.input_width()}, {"b", "t", "c"}},
+                     t.dx[m],
+                     e64.dx.at(m),
+                     evaluations([m](const ExpectedStep& e) { return e.dx.at(m); })});
+  for (size_t k = 0; k < e64.batchnorm.items.size(); ++k) {
+    const NamedArray& a = e64.batchnorm.items[k];
+    out.push_back({{a.name + " (after the step)", a.shape, {"i"}},
+                   t.ledger.batchnorm.items.at(k).data,
+                   a.data,
+                   evaluations([k](const ExpectedStep& e) { return e.batchnorm.items.at(k).data; })});
+  }
+  return out;
+}
+
+bool reference_needs_fp32(const Observations& o, size_t s) {
+  const std::vector<ReferenceTensor> tensors = reference_tensors(o, s);
+  std::vector<const std::vector<double>*> all64;
+  for (const auto& x : tensors) all64.push_back(&x.e64);
+  const double model_scale = reference_model_scale(all64);
+  for (const auto& x : tensors) {
+    if (x.actual.size() != x.e64.size()) return true;
+    double scale = 0.0;
+    for (double v : x.e64) {
+      if (!std::isfinite(v)) return true;
+      scale = std::max(scale, std::abs(v));
+    }
+    const double atol = reference_floor_tolerance(scale, model_scale).atol;
+    for (size_t i = 0; i < x.actual.size(); ++i)
+      if (!(std::abs(x.actual[i] - x.e64[i]) <= atol)) return true;
+  }
+  return false;
+}
+
 Observations observe(const Case& c, CheckpointImpl& impl) {
   check_environment(c);
   if (impl.is_strategy()) check_strategy_case(c);
@@ -1165,8 +1228,11 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
   else {
     for (int s = 0; s < c.steps; ++s) {
       o.reference.fp64.push_back(expected_step(o, s, RefScalar::fp64));
-      o.reference.fp32.push_back(expected_step(o, s, RefScalar::fp32));
-      o.reference.fp32_perturbed.push_back(expected_step(o, s, RefScalar::fp32, {}, /*perturb=*/true));
+      const bool need32 = reference_needs_fp32(o, static_cast<size_t>(s));
+      o.reference.fp32.push_back(need32 ? expected_step(o, s, RefScalar::fp32) : ExpectedStep{});
+      o.reference.fp32_perturbed.push_back(need32 ? expected_step(o, s, RefScalar::fp32, {}, /*perturb=*/true)
+                                                  : ExpectedStep{});
+      o.reference.fp32_evaluated.push_back(need32);
     }
     o.reference.computed = true;
   }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "properties/compare.hpp"
 #include "reference/transformer.hpp"
 #include "verifier/case/case.hpp"
 #include "verifier/case/environment_error.hpp"
@@ -114,10 +115,15 @@ struct ExpectedStep {
 // The reference is evaluated three times per step: fp64 (the oracle), fp32 (what fp32 rounding does to
 // this Case), and fp32 on inputs and parameters moved by a few ulps (how strongly the Case amplifies
 // perturbations of that size: a chaotic step shows here even when the plain fp32 evaluation is lucky).
+// The two fp32 evaluations of a step are made only where they can change grad-reference's verdict: a
+// step whose every tensor is within the bound's floor of fp64 (tolerance.hpp, reference_floor_tolerance)
+// holds whatever they would show; its entries in fp32 and fp32_perturbed are then empty and
+// fp32_evaluated false.
 struct ReferenceRecord {
   bool computed = false;
   std::string why_not;  // when not computed
   std::vector<ExpectedStep> fp64, fp32, fp32_perturbed;
+  std::vector<bool> fp32_evaluated;
 };
 
 struct GlobalState {
@@ -210,6 +216,22 @@ std::string describe_effective_plan(const Observations& o);
 // Runs everything. Throws EnvironmentError (check_environment, or the baseline itself runs out of
 // memory) and std::runtime_error when the baseline fails otherwise (a ckverify bug, never a finding).
 Observations observe(const Case& c, CheckpointImpl& impl);
+
+// One tensor of step s that grad-reference compares with the reference, with its fp64 value and its
+// fp32 evaluations (none where the step has none, ReferenceRecord).
+struct ReferenceTensor {
+  TensorView view;
+  std::vector<double> actual, e64;
+  std::vector<std::vector<double>> e32;
+};
+// In backward order, so that the first tensor that differs is where backward first went wrong: the
+// losses per micro-batch, the trainable parameters' gradients head first, x.grad per micro-batch
+// (unless the input is frozen), BatchNorm's running statistics after the step. Needs
+// o.reference.fp64[s].
+std::vector<ReferenceTensor> reference_tensors(const Observations& o, size_t s);
+// Whether grad-reference needs step s's fp32 evaluations: some tensor's fp64 value is not finite, or
+// the run under test is off it by more than the bound's floor (tolerance.hpp, reference_floor_tolerance).
+bool reference_needs_fp32(const Observations& o, size_t s);
 
 // One training run of the Case: with impl null (or plan none) nothing is checkpointed. Records
 // instead of throwing when the run fails.

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "properties/property.hpp"
+#include "properties/tolerance.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/model/memory.hpp"
 #include "verifier/model/model.hpp"
@@ -81,6 +82,47 @@ TEST(ModelVsReference, Fp32LossAndAllGradientsMatchAcrossOptionsAndFeatures) {
   }
 }
 
+// observe() skips a step's fp32 evaluations where they cannot change grad-reference's verdict; with
+// them made for every step, the verdict is the same, and a step off fp64 by more than the floor gets them.
+TEST(ModelVsReference, SkippedFp32EvaluationsChangeNoVerdict) {
+  auto builtin = make_builtin();
+  int skipped = 0, steps = 0;
+  for (const Case& c : option_cases()) {
+    Case k = c;
+    k.steps = 2;
+    const Observations lazy = observe(k, *builtin);
+    ASSERT_TRUE(lazy.reference.computed) << lazy.reference.why_not;
+    Observations full = lazy;
+    for (size_t s = 0; s < full.reference.fp64.size(); ++s) {
+      ++steps;
+      if (full.reference.fp32_evaluated[s]) continue;
+      ++skipped;
+      EXPECT_FALSE(reference_needs_fp32(lazy, s));
+      full.reference.fp32[s] = expected_step(full, static_cast<int>(s), RefScalar::fp32);
+      full.reference.fp32_perturbed[s] = expected_step(full, static_cast<int>(s), RefScalar::fp32, {}, true);
+      full.reference.fp32_evaluated[s] = true;
+    }
+    const Finding a = reference_finding(lazy), b = reference_finding(full);
+    EXPECT_EQ(a.applicable, b.applicable) << to_line(k) << "\n" << a.detail << "\n" << b.detail;
+    EXPECT_EQ(a.held, b.held) << to_line(k) << "\n" << a.detail << "\n" << b.detail;
+    EXPECT_EQ(a.where, b.where) << to_line(k);
+    // The same steps with one gradient element moved past the floor, or made NaN, need them.
+    for (size_t s = 0; s < lazy.reference.fp64.size(); ++s) {
+      Observations moved = lazy, nan = lazy;
+      const std::vector<ReferenceTensor> tensors = reference_tensors(lazy, s);
+      double model_scale = 0.0;
+      for (const auto& x : tensors)
+        for (double v : x.e64) model_scale = std::max(model_scale, std::abs(v));
+      moved.test.steps[s].losses.at(0) += 2.0 * kReferenceFloor * 0x1p-23 * model_scale;
+      nan.test.steps[s].losses.at(0) = std::nan("");
+      EXPECT_TRUE(reference_needs_fp32(moved, s)) << to_line(k);
+      EXPECT_TRUE(reference_needs_fp32(nan, s)) << to_line(k);
+    }
+  }
+  // The skip is taken (it is what makes a verified case cheaper): on most steps of a correct run.
+  EXPECT_GT(2 * skipped, steps) << skipped << " of " << steps;
+}
+
 TEST(ModelVsReference, ParameterNamesMatchTheReferenceLayoutInOrder) {
   for (const char* extra : {"", "tie=blocks layers=3", "tie=head", "act=swiglu attn=off"}) {
     const Case c = case_from_line(to_line(base_case()) + " " + extra);
@@ -119,6 +161,7 @@ TEST(ModelVsReference, PlantedReferenceErrorsAreCaughtAndNamed) {
     o.reference.fp64[0] = expected_step(o, 0, RefScalar::fp64, p.f);
     o.reference.fp32[0] = expected_step(o, 0, RefScalar::fp32, p.f);
     o.reference.fp32_perturbed[0] = expected_step(o, 0, RefScalar::fp32, p.f, /*perturb=*/true);
+    o.reference.fp32_evaluated[0] = true;
     const Finding f = reference_finding(o);
     EXPECT_FALSE(f.held);
     EXPECT_NE(f.where.find(p.expect_in_where), std::string::npos) << f.where << "\n" << f.detail;
