@@ -48,7 +48,7 @@ ReferenceChecks reference_checks(const Observations& o) {
         {}};
   for (size_t s = 0; s < o.test.steps.size(); ++s) {
     const std::vector<ReferenceTensor> tensors = reference_tensors(o, s);
-    const bool evaluated = s < ref.fp32_evaluated.size() && ref.fp32_evaluated[s];
+    const bool evaluated = s < ref.fp32.size() && ref.fp32[s].has_value();
     std::vector<const std::vector<double>*> all64;
     std::vector<Fp32Evaluations> all32;
     for (const auto& x : tensors) {
@@ -68,9 +68,7 @@ ReferenceChecks reference_checks(const Observations& o) {
         bound = reference_tolerance(x.e64, all32[i], cond);
       } else {
         // The fp32 evaluations were not made: every tensor of the step is within the floor (run.hpp).
-        double scale = 0.0;
-        for (double v : x.e64) scale = std::max(scale, std::abs(v));
-        bound.tol = reference_floor_tolerance(scale, model_scale);
+        bound.tol = reference_floor_tolerance(x.e64, model_scale);
         bound.tol.why += " (within it, the fp32 evaluations cannot change the verdict and were not made)";
       }
       if (growth > kDivergence)

@@ -92,8 +92,8 @@ double reference_model_scale(const std::vector<const std::vector<double>*>& e64)
   return m;
 }
 
-Tolerance reference_floor_tolerance(double scale, double model_scale) {
-  return {0.0, kReferenceFloor * kFp32Eps * std::max(scale, model_scale),
+Tolerance reference_floor_tolerance(const std::vector<double>& e64, double model_scale) {
+  return {0.0, kReferenceFloor * kFp32Eps * std::max(largest(e64), model_scale),
           fmt::format("{} fp32 eps of the step's largest gradient", kReferenceFloor)};
 }
 
@@ -130,7 +130,7 @@ ReferenceBound reference_tolerance(const std::vector<double>& e64, const Fp32Eva
             false,
             fmt::format("fp32 rounding alone moves it by {:.2e} of its scale: too ill-conditioned in fp32 to check",
                         scale > 0 ? err32 / scale : err32)};
-  const double floor = reference_floor_tolerance(scale, step.model_scale).atol;
+  const double floor = reference_floor_tolerance(e64, step.model_scale).atol;
   const double noise = std::max(err32, step.spread * scale);
   b.tol = {0.0, kReferenceFactor * noise + floor,
            fmt::format("{} x max(the fp32 reference's own error {:.3g}, the step's fp32 spread {:.3g} x scale) + {} "

@@ -142,7 +142,7 @@ ReferenceBound reference_tolerance(const std::vector<double>& e64, const Fp32Eva
 // the tensor's and the step's largest |fp64| (`model_scale`, as StepConditioning has it). Every
 // checkable tensor is allowed at least this much, so a step whose every tensor is within it holds
 // whatever the fp32 evaluations would show, and they are not run (run.cpp, observe).
-Tolerance reference_floor_tolerance(double scale, double model_scale);
+Tolerance reference_floor_tolerance(const std::vector<double>& e64, double model_scale);
 double reference_model_scale(const std::vector<const std::vector<double>*>& e64);
 
 }  // namespace ckv

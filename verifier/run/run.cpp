@@ -1045,7 +1045,7 @@ std::vector<ReferenceTensor> reference_tensors(const Observations& o, size_t s) 
   const StepRecord& t = o.test.steps.at(s);
   const ExpectedStep& e64 = ref.fp64.at(s);
   std::vector<const ExpectedStep*> e32;
-  if (s < ref.fp32_evaluated.size() && ref.fp32_evaluated[s]) e32 = {&ref.fp32.at(s), &ref.fp32_perturbed.at(s)};
+  if (s < ref.fp32.size() && ref.fp32[s]) e32 = {&ref.fp32[s]->plain, &ref.fp32[s]->perturbed};
   auto evaluations = [&](auto pick) {
     std::vector<std::vector<double>> out;
     for (const ExpectedStep* e : e32) out.push_back(pick(*e));
@@ -1089,15 +1089,8 @@ bool reference_needs_fp32(const Observations& o, size_t s) {
   for (const auto& x : tensors) all64.push_back(&x.e64);
   const double model_scale = reference_model_scale(all64);
   for (const auto& x : tensors) {
-    if (x.actual.size() != x.e64.size()) return true;
-    double scale = 0.0;
-    for (double v : x.e64) {
-      if (!std::isfinite(v)) return true;
-      scale = std::max(scale, std::abs(v));
-    }
-    const double atol = reference_floor_tolerance(scale, model_scale).atol;
-    for (size_t i = 0; i < x.actual.size(); ++i)
-      if (!(std::abs(x.actual[i] - x.e64[i]) <= atol)) return true;
+    if (!std::all_of(x.e64.begin(), x.e64.end(), [](double v) { return std::isfinite(v); })) return true;
+    if (!compare_values(x.view, x.actual, x.e64, reference_floor_tolerance(x.e64, model_scale)).ok()) return true;
   }
   return false;
 }
@@ -1228,11 +1221,10 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
   else {
     for (int s = 0; s < c.steps; ++s) {
       o.reference.fp64.push_back(expected_step(o, s, RefScalar::fp64));
-      const bool need32 = reference_needs_fp32(o, static_cast<size_t>(s));
-      o.reference.fp32.push_back(need32 ? expected_step(o, s, RefScalar::fp32) : ExpectedStep{});
-      o.reference.fp32_perturbed.push_back(need32 ? expected_step(o, s, RefScalar::fp32, {}, /*perturb=*/true)
-                                                  : ExpectedStep{});
-      o.reference.fp32_evaluated.push_back(need32);
+      o.reference.fp32.emplace_back();
+      if (reference_needs_fp32(o, static_cast<size_t>(s)))
+        o.reference.fp32.back() =
+            Fp32Evaluation{expected_step(o, s, RefScalar::fp32), expected_step(o, s, RefScalar::fp32, {}, true)};
     }
     o.reference.computed = true;
   }

@@ -13,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -117,13 +118,15 @@ struct ExpectedStep {
 // perturbations of that size: a chaotic step shows here even when the plain fp32 evaluation is lucky).
 // The two fp32 evaluations of a step are made only where they can change grad-reference's verdict: a
 // step whose every tensor is within the bound's floor of fp64 (tolerance.hpp, reference_floor_tolerance)
-// holds whatever they would show; its entries in fp32 and fp32_perturbed are then empty and
-// fp32_evaluated false.
+// holds whatever they would show, and its entry in fp32 is empty.
+struct Fp32Evaluation {
+  ExpectedStep plain, perturbed;
+};
 struct ReferenceRecord {
   bool computed = false;
   std::string why_not;  // when not computed
-  std::vector<ExpectedStep> fp64, fp32, fp32_perturbed;
-  std::vector<bool> fp32_evaluated;
+  std::vector<ExpectedStep> fp64;
+  std::vector<std::optional<Fp32Evaluation>> fp32;  // per step, as fp64
 };
 
 struct GlobalState {

@@ -95,12 +95,11 @@ TEST(ModelVsReference, SkippedFp32EvaluationsChangeNoVerdict) {
     Observations full = lazy;
     for (size_t s = 0; s < full.reference.fp64.size(); ++s) {
       ++steps;
-      if (full.reference.fp32_evaluated[s]) continue;
+      if (full.reference.fp32[s]) continue;
       ++skipped;
       EXPECT_FALSE(reference_needs_fp32(lazy, s));
-      full.reference.fp32[s] = expected_step(full, static_cast<int>(s), RefScalar::fp32);
-      full.reference.fp32_perturbed[s] = expected_step(full, static_cast<int>(s), RefScalar::fp32, {}, true);
-      full.reference.fp32_evaluated[s] = true;
+      full.reference.fp32[s] = Fp32Evaluation{expected_step(full, static_cast<int>(s), RefScalar::fp32),
+                                              expected_step(full, static_cast<int>(s), RefScalar::fp32, {}, true)};
     }
     const Finding a = reference_finding(lazy), b = reference_finding(full);
     EXPECT_EQ(a.applicable, b.applicable) << to_line(k) << "\n" << a.detail << "\n" << b.detail;
@@ -109,11 +108,11 @@ TEST(ModelVsReference, SkippedFp32EvaluationsChangeNoVerdict) {
     // The same steps with one gradient element moved past the floor, or made NaN, need them.
     for (size_t s = 0; s < lazy.reference.fp64.size(); ++s) {
       Observations moved = lazy, nan = lazy;
+      std::vector<const std::vector<double>*> all64;
       const std::vector<ReferenceTensor> tensors = reference_tensors(lazy, s);
-      double model_scale = 0.0;
-      for (const auto& x : tensors)
-        for (double v : x.e64) model_scale = std::max(model_scale, std::abs(v));
-      moved.test.steps[s].losses.at(0) += 2.0 * kReferenceFloor * 0x1p-23 * model_scale;
+      for (const auto& x : tensors) all64.push_back(&x.e64);
+      moved.test.steps[s].losses.at(0) +=
+          2.0 * reference_floor_tolerance(tensors.at(0).e64, reference_model_scale(all64)).atol;
       nan.test.steps[s].losses.at(0) = std::nan("");
       EXPECT_TRUE(reference_needs_fp32(moved, s)) << to_line(k);
       EXPECT_TRUE(reference_needs_fp32(nan, s)) << to_line(k);
@@ -159,9 +158,8 @@ TEST(ModelVsReference, PlantedReferenceErrorsAreCaughtAndNamed) {
     Observations o = clean;
     // The planted error is in the reference's code, so both of its evaluations carry it.
     o.reference.fp64[0] = expected_step(o, 0, RefScalar::fp64, p.f);
-    o.reference.fp32[0] = expected_step(o, 0, RefScalar::fp32, p.f);
-    o.reference.fp32_perturbed[0] = expected_step(o, 0, RefScalar::fp32, p.f, /*perturb=*/true);
-    o.reference.fp32_evaluated[0] = true;
+    o.reference.fp32[0] = Fp32Evaluation{expected_step(o, 0, RefScalar::fp32, p.f),
+                                         expected_step(o, 0, RefScalar::fp32, p.f, /*perturb=*/true)};
     const Finding f = reference_finding(o);
     EXPECT_FALSE(f.held);
     EXPECT_NE(f.where.find(p.expect_in_where), std::string::npos) << f.where << "\n" << f.detail;
