@@ -144,7 +144,8 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
       // Fields added later come last, so the earlier fields of a seed's Cases stay what they were.
       gen::set(&Case::inplace_on, pick(InplaceOn::input, InplaceOn::input, InplaceOn::mask)),
       gen::set(&Case::inplace_micro, pick(0, 0, 1, 2)),
-      gen::set(&Case::segin, pick(SegIn::plain, SegIn::plain, SegIn::plain, SegIn::plain, SegIn::plain, SegIn::view)));
+      gen::set(&Case::segin, pick(SegIn::plain, SegIn::plain, SegIn::plain, SegIn::plain, SegIn::plain, SegIn::view)),
+      gen::set(&Case::seqvar, pick(0, 0, 0, 1, 2)));
   // The deep shape first: RapidCheck shrinks a pair's first element first, so a deep failing Case is
   // tried small (and shallower) before any of its other fields.
   return gen::map(gen::pair(gen_deep(), shallow), [o](std::pair<DeepShape, Case> dc) {
@@ -155,9 +156,11 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
     // LibTorch 1.13's CPU autocast cannot run a tied head in bf16 (check_environment).
     if (c.device == "cpu" && c.model.tie == Tie::head && c.precision == Precision::bf16) c.model.tie = Tie::none;
 #endif
-    if (c.model.has(kBatchNorm) && c.batch * c.seq < 4)
-      c.seq = (4 + c.batch - 1) / c.batch;  // BatchNorm needs four values per channel (case.cpp)
-    if (c.resume > 0) {                     // a save position inside the run (at a step boundary under sched=ffbb)
+    // Shapes vary across micro-batches only where there are several, and leave each at least one token.
+    c.seqvar = c.micro < 2 ? 0 : std::min(c.seqvar, (c.seq - 1) / (c.micro - 1));
+    if (c.model.has(kBatchNorm) && c.batch * min_seq(c) < 4)  // BatchNorm needs four values per channel (case.cpp)
+      c.seq = (4 + c.batch - 1) / c.batch + c.seqvar * (c.micro - 1);
+    if (c.resume > 0) {  // a save position inside the run (at a step boundary under sched=ffbb)
       const int total = c.steps * c.micro;
       c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);
       if (c.sched == Schedule::ffbb) c.resume -= c.resume % c.micro;
@@ -168,7 +171,8 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
     }
     // The in-place experiment's details only where it runs; the key mask only where segments receive one.
     c.inplace_micro %= c.micro;
-    if (c.inplace_on == InplaceOn::mask && (!c.model.key_padding || c.seq < 2)) c.inplace_on = InplaceOn::input;
+    if (c.inplace_on == InplaceOn::mask && (!c.model.key_padding || seq_of(c, c.inplace_micro) < 2))
+      c.inplace_on = InplaceOn::input;
     if (!c.inplace) c.inplace_on = InplaceOn::input, c.inplace_micro = 0;
     c.impl = o.impl;
     c.device = o.device;

@@ -143,7 +143,8 @@ Finding judge(const Observations& o) {
         tol = looser(tol, design_floor_tolerance(d.largest));
       }
       const auto r =
-          compare_values({label, {c.batch, c.seq, c.model.input_width()}, {"b", "t", "c"}}, t.dx[m], b.dx[m], tol);
+          compare_values({label, {c.batch, seq_of(c, static_cast<int>(m)), c.model.input_width()}, {"b", "t", "c"}},
+                         t.dx[m], b.dx[m], tol);
       if (!r.ok()) return failed(r);
     }
     for (size_t k = 0; k < names.size(); ++k) {

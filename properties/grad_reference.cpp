@@ -13,6 +13,8 @@ namespace {
 const char* kName = "grad-reference";
 
 Finding judge(const Observations& o) {
+  if (!o.reference.off_shape.empty())
+    return Finding::fail(kName, 0, "the first forwards' draws", o.reference.off_shape);
   const ReferenceChecks rc = reference_checks(o);
   if (!rc.applicable) return Finding::not_applicable(kName, rc.why_not);
   int checked = 0, skipped = 0;

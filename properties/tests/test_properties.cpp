@@ -212,6 +212,8 @@ const FaultDemo kDemos[] = {
     {"reentrant-no-autocast", "prec=bf16", "prec=fp32"},
     {"carry-input-grads", "d=16 batch=8 seq=16 steps=3", "d=16 batch=8 seq=16 steps=2"},
     {"rng-ring-32", "layers=12 micro=3 sched=ffbb", "layers=12 micro=2 sched=ffbb"},  // 36 / 24 calls waiting
+    // Micro-batch 1 is one token shorter: padded back to micro-batch 0's length, its keys include a zero row.
+    {"static-shape-pad", "micro=2 seqvar=1 attn=bidir", "micro=2 attn=bidir"},
 };
 
 Case demo_case(const std::string& keys, const std::string& impl) {
@@ -246,6 +248,24 @@ INSTANTIATE_TEST_SUITE_P(Catalogue, Fault, ::testing::ValuesIn(kDemos), [](const
     if (ch == '-') ch = '_';
   return n;
 });
+
+// A run under test whose forward draws its masks at shapes other than the Case's (static-shape-pad on a
+// micro-batch shorter than the first) is a grad-reference finding that names the draw; the reference
+// is never fed the records (that was an internal error, exit 3).
+TEST(GradReference, DrawsAtOtherShapesAreAFindingThatNamesThem) {
+  auto impl = make_impl("static-shape-pad");
+  const Case c = demo_case("micro=2 seqvar=1 drop=0,0,0,0.3", "static-shape-pad");
+  std::vector<Finding> fs;
+  ASSERT_NO_THROW(fs = check_case(c, *impl));
+  const Finding& f = finding(fs, "grad-reference");
+  ASSERT_TRUE(f.failed()) << failures(fs);
+  EXPECT_NE(f.detail.find("micro-batch 1: the dropout mask at ffn_out of layer 0 has shape [2, 4, 8] where the "
+                          "Case's is [2, 3, 8]"),
+            std::string::npos)
+      << f.detail;
+  auto builtin = make_builtin();
+  EXPECT_EQ(failures(check_case(demo_case("micro=2 seqvar=1 drop=0,0,0,0.3", "builtin"), *builtin)), "");
+}
 
 TEST(Faults, EveryCpuFaultHasADemonstration) {
   for (const auto& e : known_impls()) {

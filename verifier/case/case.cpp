@@ -290,6 +290,9 @@ const std::vector<Field>& fields() {
                            [](Case& c) -> DropoutImpl& { return c.dropout_impl; }));
     t.push_back(int_field("batch", "batch size per micro-batch", 1, 1024, [](Case& c) -> int& { return c.batch; }));
     t.push_back(int_field("seq", "sequence length", 1, 4096, [](Case& c) -> int& { return c.seq; }));
+    t.push_back(int_field(
+        "seqvar", "0, or micro-batch m is seqvar x m tokens shorter than seq (shapes that vary across micro-batches)",
+        0, 4095, [](Case& c) -> int& { return c.seqvar; }, false));
     t.push_back(int_field("steps", "optimizer steps", 1, 1000, [](Case& c) -> int& { return c.steps; }));
     t.push_back(int_field(
         "micro", "micro-batches accumulated per step (no zero_grad between them)", 1, 16,
@@ -563,13 +566,19 @@ void validate(const Case& c) {
     fail("inplace_on and inplace_micro describe the in-place experiment: they need inplace=true");
   if (c.inplace_micro >= c.micro)
     fail("inplace_micro=" + std::to_string(c.inplace_micro) + " must be below micro=" + std::to_string(c.micro));
-  if (c.inplace_on == InplaceOn::mask && (!m.key_padding || c.seq < 2))
+  if (c.seqvar > 0 && c.micro < 2)
+    fail("seqvar=" + std::to_string(c.seqvar) + " needs micro >= 2 (it shortens every micro-batch after the first)");
+  if (c.seqvar > 0 && min_seq(c) < 1)
+    fail("seqvar=" + std::to_string(c.seqvar) + " leaves micro-batch " + std::to_string(c.micro - 1) + " with " +
+         std::to_string(min_seq(c)) + " tokens: seq - seqvar x (micro - 1) must be at least 1");
+  if (c.inplace_on == InplaceOn::mask && (!m.key_padding || seq_of(c, c.inplace_micro) < 2))
     fail(
         "inplace_on=mask needs segio=multi (the key mask is a segment input) and seq >= 2 (the edit flips every key "
-        "but the first)");
-  if (m.has(kBatchNorm) && c.batch * c.seq < 4)
+        "but the first) in the micro-batch it edits");
+  if (m.has(kBatchNorm) && c.batch * min_seq(c) < 4)
     fail(
-        "fx=bn needs batch x seq >= 4: over fewer values per channel BatchNorm's output hardly depends on its input "
+        "fx=bn needs batch x seq >= 4 in every micro-batch: over fewer values per channel BatchNorm's output hardly "
+        "depends on its input "
         "(one value: undefined; two: always +-1), so every gradient before it is rounding noise");
   constexpr double kMaxBytes = 32.0 * (1ull << 30);
   if (const double b = estimated_bytes(c); b > kMaxBytes)

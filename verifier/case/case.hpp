@@ -74,6 +74,9 @@ struct Case {
   uint64_t seed = 1;
   int batch = 2;
   int seq = 8;
+  // Shapes that vary across micro-batches (0: none): micro-batch m is seqvar * m tokens shorter than seq
+  // (seq_of), so a segment sees a new shape within a step and the full one again at the next step.
+  int seqvar = 0;
   int steps = 1;
   int micro = 1;  // micro-batches accumulated per optimizer step (no zero_grad between them)
   Schedule sched = Schedule::fb;
@@ -110,6 +113,21 @@ struct CaseFieldInfo {
   bool always_printed;  // printed in every line; the others only when not at their default
 };
 std::vector<CaseFieldInfo> case_field_infos();
+
+// The sequence length of micro-batch m (seqvar shortens each later micro-batch of a step).
+inline int seq_of(const Case& c, int micro) {
+  return c.seq - c.seqvar * micro;
+}
+// The shortest sequence of any micro-batch.
+inline int min_seq(const Case& c) {
+  return seq_of(c, c.micro - 1);
+}
+// Tokens per optimizer step: batch x the sequence lengths of its micro-batches.
+inline int64_t tokens_per_step(const Case& c) {
+  int64_t n = 0;
+  for (int m = 0; m < c.micro; ++m) n += static_cast<int64_t>(c.batch) * seq_of(c, m);
+  return n;
+}
 
 // Throws CaseError naming the first invalid field or combination.
 void validate(const Case& c);

@@ -86,7 +86,7 @@ Measured reduce(const Case& c, RunRecord r, int warmup, int steps) {
   b.step_s = median(step), b.forward_s = median(fwd), b.backward_s = median(bwd), b.optimizer_s = median(upd);
   const auto [lo, hi] = std::minmax_element(step.begin(), step.end());
   b.spread = b.step_s > 0 ? (*hi - *lo) / b.step_s : 0.0;
-  const double tokens = static_cast<double>(c.batch) * c.seq * c.micro;
+  const double tokens = static_cast<double>(tokens_per_step(c));
   b.tokens_per_s = b.step_s > 0 ? tokens / b.step_s : 0.0;
   for (const auto& st : rec.steps) {
     double l = 0.0;
@@ -332,7 +332,7 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
   base.plan = Plan{};
   check_environment(base);
   out.case_line = to_line(base);
-  out.tokens_per_step = base.batch * base.seq * base.micro;
+  out.tokens_per_step = static_cast<int>(tokens_per_step(base));
   for (const BenchImpl& b : bench_impls) out.impls.push_back(b.label);
   auto say = [&](const std::string& s) {
     if (o.progress) o.progress(s);

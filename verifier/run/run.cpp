@@ -173,16 +173,16 @@ class Trainer {
         return h == Hook::scale ? g * 0.5 : g.clamp(-kClipHook, kClipHook);
       });
     }
-    for (const auto& d : o.data) {
-      x_.push_back(to_tensor(d.x, {c.batch, c.seq, c.model.input_width()}, device_));
+    for (const auto& d : o.data) {  // one per micro-batch, each of its own sequence length (seqvar)
+      x_.push_back(to_tensor(d.x, {d.batch, d.seq, c.model.input_width()}, device_));
       targets_.push_back(
-          torch::from_blob(const_cast<int64_t*>(d.targets.data()), {c.batch, c.seq}, torch::kLong).clone().to(device_));
-      y_.push_back(to_tensor(d.y, {c.batch, c.seq, c.model.vocab}, device_));
-    }
-    if (c.model.key_padding) {
-      key_valid_ = torch::zeros({c.batch, c.seq}, torch::kBool);
-      for (int b = 0; b < c.batch; ++b) key_valid_[b].slice(0, 0, key_length(b, c.seq)).fill_(true);
-      key_valid_ = key_valid_.to(device_);
+          torch::from_blob(const_cast<int64_t*>(d.targets.data()), {d.batch, d.seq}, torch::kLong).clone().to(device_));
+      y_.push_back(to_tensor(d.y, {d.batch, d.seq, c.model.vocab}, device_));
+      if (c.model.key_padding) {
+        torch::Tensor valid = torch::zeros({d.batch, d.seq}, torch::kBool);
+        for (int b = 0; b < d.batch; ++b) valid[b].slice(0, 0, key_length(b, d.seq)).fill_(true);
+        key_valid_.push_back(valid.to(device_));
+      }
     }
     for (const auto& seg : o.segments) {
       units_.insert(units_.end(), seg.units.begin(), seg.units.end());
@@ -385,7 +385,8 @@ class Trainer {
       if (c_.inplace_on == InplaceOn::mask) {
         // Every key but the first flips (the first stays valid, so no query is left without a key). Plain
         // autograd keeps only logical_not's copy of the mask: the forward that ran is unchanged by this.
-        key_valid_.narrow(1, 1, key_valid_.size(1) - 1).logical_not_();
+        torch::Tensor& valid = key_valid_.at(static_cast<size_t>(k));
+        valid.narrow(1, 1, valid.size(1) - 1).logical_not_();
       } else {
         // A ramp, not a constant: LayerNorm and RMSNorm are blind to a uniform shift or scale, so a
         // recompute from add_(1)'s value could yield the very gradients of the forward that ran.
@@ -609,7 +610,7 @@ class Trainer {
       call.fn = segment_fn(s, m);
       call.args = {segment_input(h)};
       if (c_.segio() == SegIO::multi) {
-        call.args.emplace_back(key_valid_);
+        call.args.emplace_back(key_valid_.at(static_cast<size_t>(m)));
         call.args.emplace_back(unit);
         call.args.emplace_back(unit + static_cast<int64_t>(seg.units.size()));
         call.args.emplace_back(kAuxWeight);
@@ -742,7 +743,7 @@ class Trainer {
   std::shared_ptr<std::vector<int>> hook_calls_;
   std::shared_ptr<double> hook_input_max_;  // see StepRecord::hook_input_max
   std::vector<torch::Tensor> x_, targets_, y_;
-  torch::Tensor key_valid_;
+  std::vector<torch::Tensor> key_valid_;  // per micro-batch (segio=multi)
   std::vector<Unit> units_;
   std::vector<std::vector<torch::Tensor>> segment_params_;
   std::vector<Live> live_;
@@ -778,7 +779,7 @@ Observations prepare(const Case& c) {
   o.trainable = trainable_mask(c, o.initial_params);
   o.grad_flows = gradient_flow(c, o.segments, o.trainable);
   o.passes = c.gp > 0.0 ? 2 : 1;
-  for (int m = 0; m < c.micro; ++m) o.data.push_back(make_case_data(c.model, c.batch, c.seq, c.seed, m));
+  for (int m = 0; m < c.micro; ++m) o.data.push_back(make_case_data(c.model, c.batch, seq_of(c, m), c.seed, m));
   return o;
 }
 
@@ -842,6 +843,33 @@ int experiment_segment(const Observations& o) {
 }
 
 }  // namespace
+
+std::string off_case_shapes(const Case& c, const RunRecord& r) {
+  auto off = [&](const char* what, int step, int micro, int layer, const torch::Tensor& t,
+                 const std::vector<int64_t>& want) -> std::string {
+    if (!t.defined() || t.sizes().vec() == want) return "";
+    return fmt::format("step {} micro-batch {}: the {} of layer {} has shape {} where the Case's is {}", step, micro,
+                       what, layer, c10::str(t.sizes()), c10::str(c10::IntArrayRef(want)));
+  };
+  const int64_t dff = c.model.d_ff();
+  for (const auto& x : r.sites)
+    if (x.call == 0 && x.phase == 0)
+      if (auto e = off(("dropout mask at " + std::string(to_string(x.site))).c_str(), x.step, x.micro, x.layer, x.mask,
+                       dropout_site_shape(c.model, c.batch, seq_of(c, x.micro), x.site));
+          !e.empty())
+        return e;
+  for (const auto& x : r.relu)
+    if (x.call == 0)
+      if (auto e = off("ReLU pattern", x.step, x.micro, x.layer, x.positive, {c.batch, seq_of(c, x.micro), dff});
+          !e.empty())
+        return e;
+  for (const auto& x : r.noise)
+    if (x.call == 0)
+      if (auto e = off("noise", x.step, x.micro, x.layer, x.eps, {c.batch, seq_of(c, x.micro), c.model.d_model});
+          !e.empty())
+        return e;
+  return "";
+}
 
 ExpectedStep expected_step(const Observations& o, int step, RefScalar scalar, const ReferenceFaults& faults,
                            bool perturb) {
@@ -1069,7 +1097,9 @@ std::vector<ReferenceTensor> reference_tensors(const Observations& o, size_t s) 
   }
   if (!c.input_frozen)
     for (size_t m = 0; m < t.dx.size(); ++m)
-      out.push_back({{fmt::format("x.grad (micro {})", m), {c.batch, c.seq, c.model.input_width()}, {"b", "t", "c"}},
+      out.push_back({{fmt::format("x.grad (micro {})", m),
+                      {c.batch, seq_of(c, static_cast<int>(m)), c.model.input_width()},
+                      {"b", "t", "c"}},
                      t.dx[m],
                      e64.dx.at(m),
                      evaluations([m](const ExpectedStep& e) { return e.dx.at(m); })});
@@ -1218,6 +1248,8 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
                           ": the reference does not model autocast's casts (grad-baseline is the AMP check)";
   else if (c.gp > 0.0)
     o.reference.why_not = "gp>0: the reference has no second derivatives (grad-baseline checks the penalty)";
+  else if (std::string off = off_case_shapes(c, o.test); !off.empty())
+    o.reference.why_not = o.reference.off_shape = off + " (the run under test's forward ran at other shapes)";
   else {
     for (int s = 0; s < c.steps; ++s) {
       o.reference.fp64.push_back(expected_step(o, s, RefScalar::fp64));

@@ -125,6 +125,9 @@ struct Fp32Evaluation {
 struct ReferenceRecord {
   bool computed = false;
   std::string why_not;  // when not computed
+  // Not computed because the run under test drew its masks, ReLU patterns or noise at shapes other than
+  // the Case's (off_case_shapes): a finding of grad-reference, not a reason to skip it.
+  std::string off_shape;
   std::vector<ExpectedStep> fp64;
   std::vector<std::optional<Fp32Evaluation>> fp32;  // per step, as fp64
 };
@@ -278,6 +281,11 @@ double step_gradient_scale(const StepRecord& b);
 
 // The gradient hook of the Case, as applied to a gradient.
 double apply_hook(Hook h, double g);
+
+// "" when every mask, ReLU pattern and noise draw the first forwards of run `r` recorded has the shape
+// the Case gives its micro-batch; else the first that does not, in words (an implementation that ran
+// the segments at other shapes, e.g. padded). The reference reads those records, so it needs this.
+std::string off_case_shapes(const Case& c, const RunRecord& r);
 
 // What the reference expects of step `step` of the run under test (its parameters before the step, the
 // masks its first forward drew). `faults` plants errors in the reference (tests only).

@@ -135,6 +135,10 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"inplace=true inplace_on=mask", true, "inplace_on=mask needs segio=multi"},
         Bad{"inplace=true inplace_on=mask segio=multi seq=1", true, "and seq >= 2"},
         Bad{"inplace=true inplace_on=key", true, "input|mask"}, Bad{"segin=slice", true, "plain|view"},
+        Bad{"seqvar=1", true, "needs micro >= 2"}, Bad{"micro=3 seq=4 seqvar=2", true, "must be at least 1"},
+        Bad{"micro=2 seq=4 seqvar=2 fx=bn batch=1", true, "in every micro-batch"},
+        Bad{"micro=2 seq=3 seqvar=2 segio=multi inplace=true inplace_on=mask inplace_micro=1", true,
+            "in the micro-batch it edits"},
         Bad{"gp=-1", true, "gp=-1.0 is outside [0, 1e+06]"}, Bad{"gp=0.1 input=frozen", true, "needs input=trainable"},
         Bad{"lr=0", true, "lr=0.0 is outside (0, 1e+06]"}, Bad{"lr=1e400", true, "is not a finite number"},
         Bad{"plan=every0", true, "none|block|everyN|segK|sqrt|attn|ffn|fromI"}, Bad{"plan=seg70", true, "at most 64"},
@@ -380,11 +384,12 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
   const Case base = case_from_line("layers=4 d=8 heads=2 steps=2 micro=2 drop=0,0,0,0 plan=block");
   {
     Case probe;
-    auto& [model, dropout, dropout_impl, seed, batch, seq, steps, micro, sched, lr, opt, resume, input_frozen, freeze,
-           hook, gp, inplace, inplace_on, inplace_micro, segin, precision, device, plan, impl] = probe;
+    auto& [model, dropout, dropout_impl, seed, batch, seq, seqvar, steps, micro, sched, lr, opt, resume, input_frozen,
+           freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, precision, device, plan, impl] = probe;
     auto& [layers, d_model, heads, ffn_mult, vocab, norm, placement, attention, causal, activation, loss, tie,
            key_padding, aux_weight, effects] = probe.model;
-    (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)steps, (void)micro;
+    (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)seqvar, (void)steps,
+        (void)micro;
     (void)sched, (void)lr, (void)opt, (void)resume, (void)input_frozen, (void)freeze, (void)hook, (void)gp;
     (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)precision, (void)device, (void)plan,
         (void)impl, (void)layers, (void)d_model, (void)heads;
@@ -413,6 +418,7 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
       {"seed", [](Case& c) { c.seed = 12345; }},
       {"batch", [](Case& c) { c.batch = 3; }},
       {"seq", [](Case& c) { c.seq = 5; }},
+      {"seqvar", [](Case& c) { c.seqvar = 2; }},
       {"steps", [](Case& c) { c.steps = 3; }},
       {"micro", [](Case& c) { c.micro = 3; }},
       {"sched", [](Case& c) { c.sched = Schedule::ffbb; }},

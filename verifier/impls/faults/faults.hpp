@@ -31,6 +31,7 @@ ImplEntry keep_activations();      // recomputed activations kept alive until th
 ImplEntry trains_frozen();          // turns on requires_grad of every declared parameter
 ImplEntry frozen_input_shortcut();  // no tensor input requires grad: runs fn without a graph
 ImplEntry first_output_only();      // only the first output keeps its graph
+ImplEntry static_shape_pad();       // pads every call to the segment's longest sequence
 // Resume faults (resume_savers.cpp): the builtin checkpoint with a training-state saver that forgets
 ImplEntry resume_no_rng();            // the generator states
 ImplEntry resume_rng_before();        // the generators as they were after the step (saves them before it)
