@@ -141,7 +141,7 @@ ReferenceBound reference_tolerance(const std::vector<double>& e64, const Fp32Eva
 // The part of that bound that needs no fp32 evaluation: kReferenceFloor fp32 epsilons of the larger of
 // the tensor's and the step's largest |fp64| (`model_scale`, as StepConditioning has it). Every
 // checkable tensor is allowed at least this much, so a step whose every tensor is within it holds
-// whatever the fp32 evaluations would show, and they are not run (run.cpp, observe).
+// whatever the fp32 evaluations would show, and they are not run (observe.cpp).
 Tolerance reference_floor_tolerance(const std::vector<double>& e64, double model_scale);
 double reference_model_scale(const std::vector<const std::vector<double>*>& e64);
 

@@ -1,0 +1,282 @@
+// verifier/run/observe.cpp: observe(), everything one Case yields for the properties (run.hpp): the
+// run under test and the baseline in lockstep, the experiments, the resume run, the reference design's
+// floor and the fp64 reference; and the plan a strategy made.
+#include "properties/tolerance.hpp"
+#include "verifier/impls/faults/reentrant.hpp"
+#include "verifier/impls/registry.hpp"
+#include "verifier/run/trainer.hpp"
+
+namespace ckv {
+using namespace run_detail;
+namespace {
+// What the strategy made of the block stack, read off what the run under test recomputed.
+void apply_effective_plan(Observations& o) {
+  o.strategy = true;
+  const size_t S = o.segments.size();
+  std::vector<bool> recomputed(S, false);
+  for (const auto& r : o.test.segment_calls)
+    if (r.phase > 0 && r.segment >= 0 && static_cast<size_t>(r.segment) < S)
+      recomputed[static_cast<size_t>(r.segment)] = true;
+  for (size_t s = 0; s < S; ++s) o.segments[s].checkpointed = recomputed[s];
+  // Which blocks each (step, micro-batch) recomputed: a strategy may change its plan as it goes.
+  std::map<std::pair<int, int>, std::set<int>> per_call;
+  for (const auto& r : o.test.segment_calls)
+    if (r.phase > 0) per_call[{r.step, r.micro}].insert(r.segment);
+  for (int step = 0; step < o.c.steps && !o.strategy_plan_varies; ++step)
+    for (int m = 0; m < o.c.micro; ++m)
+      if (per_call[{step, m}] != per_call[{0, 0}]) o.strategy_plan_varies = true;
+  // The checkpoints it made in step 0, micro-batch 0 (the one the experiments replay).
+  int previous = -2;
+  for (const auto& r : o.test.segment_calls) {
+    if (r.step != 0 || r.phase != 1 || r.micro != 0) continue;
+    if (o.strategy_groups.empty() || r.segment != previous + 1)
+      o.strategy_groups.push_back({r.segment, r.segment});
+    else
+      o.strategy_groups.back().second = r.segment;
+    previous = r.segment;
+  }
+  std::sort(o.strategy_groups.begin(), o.strategy_groups.end());
+}
+
+// The last checkpointed segment through which gradient flows (recomputed first in backward), or -1.
+// Under a strategy: the first block of the last checkpoint it made in step 0, micro-batch 0 (what the
+// experiments replay), so that the in-place change reaches a checkpoint's own input, not a tensor
+// inside it.
+int experiment_segment(const Observations& o) {
+  if (o.strategy) {
+    for (auto g = o.strategy_groups.rbegin(); g != o.strategy_groups.rend(); ++g)
+      if (g->first >= 0 && static_cast<size_t>(g->first) < o.grad_flows.size() &&
+          o.grad_flows[static_cast<size_t>(g->second)])
+        return g->first;
+    return -1;
+  }
+  for (size_t s = o.segments.size(); s-- > 0;)
+    if (o.segments[s].checkpointed && o.grad_flows[s]) return static_cast<int>(s);
+  return -1;
+}
+
+// Whether every gradient and x.grad of the run under test is within the tightest fixed bound
+// grad-baseline applies (reorder_tolerance of the step's largest gradient): then the measured floor
+// cannot change the verdict, and the reference design is not run (a correct implementation pays for it
+// only on ill-conditioned steps).
+bool within_fixed_bound(const Observations& o) {
+  const int paths = o.c.gp > 0.0 ? 2 : 1;
+  auto within = [](const std::vector<double>& t, const std::vector<double>& b, double atol) {
+    if (t.size() != b.size()) return true;  // judged by grad-baseline itself (defined vs undefined)
+    for (size_t i = 0; i < t.size(); ++i)
+      if (!(std::abs(t[i] - b[i]) <= atol) && !(t[i] == b[i])) return false;
+    return true;
+  };
+  for (size_t s = 0; s < o.test.steps.size() && s < o.baseline.steps.size(); ++s) {
+    const StepRecord &t = o.test.steps[s], &b = o.baseline.steps[s];
+    const double atol = reorder_tolerance(o.c.precision, paths, step_gradient_scale(b)).atol;
+    for (size_t k = 0; k < b.grads.items.size() && k < t.grads.items.size(); ++k)
+      if (b.grad_defined[k] && t.grad_defined[k] && !within(t.grads.items[k].data, b.grads.items[k].data, atol))
+        return false;
+    for (size_t m = 0; m < b.dx.size() && m < t.dx.size(); ++m)
+      if (!within(t.dx[m], b.dx[m], atol)) return false;
+  }
+  return true;
+}
+
+// Observations::design: the reference reentrant checkpoint in lockstep with the run under test's
+// parameters, on Cases where its gradients can be judged against the baseline's.
+void run_design_floor(Observations& o, const GlobalStateCheck& entry) {
+  const Case& c = o.c;
+  if (o.test.steps.empty()) {
+    o.design_why_not = "the run under test completed no step";
+  } else if (within_fixed_bound(o)) {
+    o.design_why_not = "every gradient of the run under test is within the fixed rounding bound";
+  } else if (c.hook != Hook::none) {
+    o.design_why_not =
+        "a reentrant checkpoint runs gradient hooks once per nested backward (hook=" + std::string(to_string(c.hook)) +
+        ")";
+  } else if (o.strategy) {
+    o.design_why_not = "a strategy chose what to checkpoint";
+  }
+  if (!o.design_why_not.empty()) return;
+  try {
+    const RestoreGlobalState restore{entry};
+    // A reentrant design can cost far more than the run under test (nested backwards through shared
+    // parameters under a gradient penalty): it stops between steps past a budget, and the fixed bound
+    // alone judges, so that the floor never turns a Case into a per-case timeout.
+    double test_s = 0.0;
+    for (const StepTime& t : o.test.times) test_s += t.forward + t.backward + t.optimizer;
+    const double budget_s = std::max(5.0, 4.0 * test_s);
+    const auto start = std::chrono::steady_clock::now();
+    faults::ReentrantCheckpoint reentrant;
+    Trainer d(c, o, &reentrant, Mode::normal, -1);
+    for (size_t s = 0; s < o.test.steps.size(); ++s) {
+      o.design.steps.push_back(d.step(static_cast<int>(s)));
+      d.load(o.test.steps[s]);
+      const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (s + 1 < o.test.steps.size() && spent > budget_s) {
+        o.design = RunRecord{};
+        o.design_why_not =
+            fmt::format("the reference reentrant run took {:.1f} s, past its budget of {:.1f} s", spent, budget_s);
+        return;
+      }
+    }
+    d.finish(o.design, nullptr);
+    o.design_ran = true;
+  } catch (const std::exception& e) {
+    o.design = RunRecord{};
+    o.design_why_not = "the reference reentrant run failed: " + first_line(e.what());
+  }
+}
+}  // namespace
+
+Observations observe(const Case& c, CheckpointImpl& impl) {
+  check_environment(c);
+  if (impl.is_strategy()) check_strategy_case(c);
+  Observations o = prepare(c);
+  // The two runs advance in lockstep, and the baseline takes each step from the parameters the run
+  // under test reached: every step is then compared on its own, even after a tolerated difference
+  // (a shared parameter's gradient summed in another order) has moved the parameters apart.
+  const GlobalStateCheck entry;
+  Trainer base(c, o, nullptr, Mode::normal, -1), test(c, o, &impl, Mode::normal, -1);
+  const std::exception* test_error = nullptr;
+  std::unique_ptr<TracedError> saved;  // the test run's exception, its traceback taken while it is there
+  std::optional<MemoryReporting> reporting(std::in_place);  // the two runs' memory (memory-saved)
+  for (int s = 0; s < c.steps && !test_error; ++s) {
+    try {
+      o.baseline.steps.push_back(base.step(s));
+    } catch (const std::exception& e) {
+      const std::string msg = first_line(e.what());
+      if (is_out_of_memory(e)) throw EnvironmentError("the baseline run ran out of memory: " + msg);
+      throw std::runtime_error("the baseline run (no checkpointing) failed: " + msg);
+    }
+    try {
+      o.test.steps.push_back(test.step(s));
+    } catch (const std::exception& e) {
+      if (is_out_of_memory(e))
+        throw EnvironmentError("the run under test ran out of memory (" + first_line(e.what()) +
+                               ") where the baseline did not: give the run more memory (memory-saved judges how "
+                               "much a checkpoint keeps on Cases that fit)");
+      saved = std::make_unique<TracedError>(e.what(), exception_trace(e));
+      entry.restore();
+      test_error = saved.get();
+      break;
+    }
+    const StepRecord &t = o.test.steps.back(), &b = o.baseline.steps.back();
+    if (t.params_after.items != b.params_after.items || t.ledger.batchnorm.items != b.ledger.batchnorm.items ||
+        t.optimizer.items != b.optimizer.items)
+      base.load(t);
+  }
+  reporting.reset();
+  base.finish(o.baseline, nullptr);
+  test.finish(o.test, test_error);
+  if (impl.is_strategy()) apply_effective_plan(o);
+  run_design_floor(o, entry);
+
+  const int target = experiment_segment(o);
+  if (target < 0) {
+    o.throw_exp.why_not = o.inplace_exp.why_not =
+        o.strategy ? "the strategy checkpointed no block with gradient flowing through it in step 0, micro-batch 0"
+                   : "no checkpointed segment has gradient flowing through it";
+  } else {
+    try {
+      const RestoreGlobalState restore{entry};
+      Trainer t(c, o, &impl, Mode::throw_in_recompute, target);
+      t.experiment();
+      o.throw_exp = t.throw_result;
+      o.throw_exp.ran = true, o.throw_exp.segment = target;
+    } catch (const std::exception& e) {
+      o.throw_exp.why_not = "its forward failed: " + first_line(e.what());
+    }
+    if (c.inplace) {
+      try {
+        const RestoreGlobalState restore{entry};
+        Trainer t(c, o, &impl, Mode::inplace_input, target);
+        t.experiment();
+        o.inplace_exp = t.inplace_result;
+        o.inplace_exp.ran = true, o.inplace_exp.segment = target;
+        if (!o.inplace_exp.threw) {
+          // Backward went through: correct only if the implementation recomputed from its own copy of
+          // the input, i.e. its gradients are those of the forward it ran (the input left alone).
+          try {
+            Trainer r(c, o, &impl, Mode::inplace_reference, target);
+            r.experiment();
+            o.inplace_exp.reference_ran = !r.inplace_result.threw;
+            o.inplace_exp.reference_error = r.inplace_result.message;
+            o.inplace_exp.expected_grads = std::move(r.inplace_result.grads);
+            o.inplace_exp.expected_grad_defined = std::move(r.inplace_result.grad_defined);
+            o.inplace_exp.expected_dx = std::move(r.inplace_result.dx);
+          } catch (const std::exception& e) {
+            o.inplace_exp.reference_ran = false;
+            o.inplace_exp.reference_error = "its forward failed: " + first_line(e.what());
+          }
+        }
+      } catch (const std::exception& e) {
+        o.inplace_exp.why_not = "its forward failed: " + first_line(e.what());
+      }
+    } else {
+      o.inplace_exp.why_not = "the case does not ask for it (inplace=false)";
+    }
+  }
+
+  if (c.resume == 0) {
+    o.resume_exp.why_not = "the case does not ask for it (resume=0)";
+  } else if (!o.test.completed) {
+    o.resume_exp.why_not = "the run under test did not complete";
+  } else {
+    const ImplInfo* info = find_impl(c.impl);
+    const StateFault fault = info ? info->state_fault : StateFault::none;
+    o.resume_exp.ran = true;
+    o.resume_exp.position = c.resume;
+    try {
+      const RestoreGlobalState restore{entry};
+      // The state goes through the file format (encoded, verified, decoded) in memory: no file I/O per
+      // case; cli_tests carries it through real files and separate processes.
+      std::string bytes;
+      {
+        Trainer first(c, o, &impl, Mode::normal, -1);
+        first.advance_to(c.resume);
+        bytes = encode_state(first.save_state(fault));
+      }
+      Trainer second(c, o, &impl, Mode::normal, -1);
+      second.load_state(decode_state(bytes, c));
+      o.resume_exp.steps = second.advance_to(c.steps * c.micro);
+    } catch (const std::exception& e) {
+      o.resume_exp.error = first_line(e.what());
+    }
+  }
+
+  if (!o.test.completed)
+    o.reference.why_not = "the run under test did not complete";
+  else if (c.precision != Precision::fp32)
+    o.reference.why_not = "prec=" + std::string(to_string(c.precision)) +
+                          ": the reference does not model autocast's casts (grad-baseline is the AMP check)";
+  else if (c.gp > 0.0)
+    o.reference.why_not = "gp>0: the reference has no second derivatives (grad-baseline checks the penalty)";
+  else if (std::string off = off_case_shapes(c, o.test); !off.empty())
+    o.reference.why_not = o.reference.off_shape = off + " (the run under test's forward ran at other shapes)";
+  else {
+    for (int s = 0; s < c.steps; ++s) {
+      o.reference.fp64.push_back(expected_step(o, s, RefScalar::fp64));
+      o.reference.fp32.emplace_back();
+      if (reference_needs_fp32(o, static_cast<size_t>(s)))
+        o.reference.fp32.back() =
+            Fp32Evaluation{expected_step(o, s, RefScalar::fp32), expected_step(o, s, RefScalar::fp32, {}, true)};
+    }
+    o.reference.computed = true;
+  }
+  return o;
+}
+
+std::string describe_effective_plan(const Observations& o) {
+  auto span = [](int a, int b) { return a == b ? std::to_string(a) : fmt::format("{}..{}", a, b); };
+  std::string ck, plain;
+  if (o.strategy && !o.strategy_groups.empty()) {
+    for (const auto& [a, b] : o.strategy_groups) ck += (ck.empty() ? "" : ", ") + span(a, b);
+  } else {
+    for (size_t s = 0; s < o.segments.size(); ++s)
+      if (o.segments[s].checkpointed) ck += (ck.empty() ? "" : ", ") + std::to_string(s);
+  }
+  for (size_t s = 0; s < o.segments.size(); ++s)
+    if (!o.segments[s].checkpointed) plain += (plain.empty() ? "" : ", ") + std::to_string(s);
+  if (ck.empty()) return "no block checkpointed";
+  return "block(s) " + ck + " checkpointed" + (plain.empty() ? "" : "; " + plain + " plain");
+}
+
+}  // namespace ckv
