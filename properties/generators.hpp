@@ -233,6 +233,7 @@ inline Case apply_only(const Case& c, const std::string& only, bool plan_fixed) 
     }
   }
   std::vector<std::string> t = toks;
+  std::string last_error;
   for (size_t i = 0; i < t.size();) {
     if (is_fixed(t[i])) {
       ++i;
@@ -241,9 +242,15 @@ inline Case apply_only(const Case& c, const std::string& only, bool plan_fixed) 
     t.erase(t.begin() + static_cast<std::ptrdiff_t>(i));
     try {
       return case_from_line(join(t) + " " + only);
-    } catch (const CaseError&) {
+    } catch (const CaseError& e) {
+      last_error = e.what();
     }
   }
+  // Every field the generator chose is back at its default: the fixed fields contradict each other or
+  // the defaults, whatever was generated.
+  if (!last_error.empty())
+    throw CaseError("--only " + sanitize(only, 100) + " cannot apply with the other fields at their defaults: " +
+                    last_error + " (fix those fields too with --only)");
   throw CaseError("--only " + sanitize(only, 100) + " cannot apply to the generated case " + to_line(c) + ": " +
                   first_error);
 }

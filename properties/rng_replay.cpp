@@ -22,12 +22,18 @@ Finding judge(const Observations& o) {
     const std::string site = site_label(r);
     if (!p.first) return Finding::fail(kName, r.step, site, "a recompute call without a first-forward call");
     const SiteCall& f = *p.first;
+    ++compared;
+    if (!f.mask.defined() || r.mask.sizes() != f.mask.sizes())
+      return Finding::fail(
+          kName, r.step, site,
+          fmt::format("the recompute drew a dropout mask of shape {} where the first forward drew {}: "
+                      "it recomputed from inputs of other shapes",
+                      c10::str(r.mask.sizes()), f.mask.defined() ? c10::str(f.mask.sizes()) : std::string("none")));
     torch::Tensor known = torch::ones_like(r.mask);
     if (r.known.defined()) known = known & r.known;
     if (f.known.defined()) known = known & f.known;
     const torch::Tensor diff = (r.mask != f.mask) & known;
     const int64_t n = diff.sum().item<int64_t>();
-    ++compared;
     if (n == 0) continue;
     const int64_t flat = diff.reshape({-1}).nonzero().index({0, 0}).item<int64_t>();
     CompareResult where{{"mask", r.mask.sizes().vec(), {}}, {}, {}};
@@ -53,6 +59,11 @@ Finding judge(const Observations& o) {
     const auto it = first_noise.find({r.step, r.micro, r.layer});
     if (it == first_noise.end())
       return Finding::fail(kName, r.step, where, "a recompute call without a first-forward call");
+    if (r.eps.sizes() != it->second->eps.sizes())
+      return Finding::fail(kName, r.step, where,
+                           fmt::format("the recompute drew noise of shape {} where the first forward drew {}: it "
+                                       "recomputed from inputs of other shapes",
+                                       c10::str(r.eps.sizes()), c10::str(it->second->eps.sizes())));
     const torch::Tensor diff = r.eps != it->second->eps;
     const int64_t n = diff.sum().item<int64_t>();
     ++noise_compared;

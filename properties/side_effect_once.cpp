@@ -6,6 +6,7 @@
 // cannot be made safe by any checkpoint: such a Case is reported as not applicable, saying so.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "properties/compare.hpp"
@@ -40,9 +41,16 @@ std::string first_difference(const std::string& actual, const std::string& expec
 }
 
 // Whether an effect module runs inside a checkpointed segment that is recomputed.
+// A checkpointed segment with an effect module that is (or may be) recomputed: gradient flows through
+// it, or the run under test recomputed it anyway (a recompute without gradient is wasted work, not a
+// wrong result: it is not this property's to fail). -1: none.
 int checkpointed_effect_segment(const Observations& o) {
+  auto recomputed = [&](size_t s) {
+    return std::any_of(o.test.segment_calls.begin(), o.test.segment_calls.end(),
+                       [&](const SegmentCallRecord& r) { return r.segment == static_cast<int>(s) && r.phase > 0; });
+  };
   for (size_t s = 0; s < o.segments.size(); ++s) {
-    if (!o.segments[s].checkpointed || !o.grad_flows[s]) continue;
+    if (!o.segments[s].checkpointed || !(o.grad_flows[s] || recomputed(s))) continue;
     for (const Unit& u : o.segments[s].units)
       if (u.part == BlockPart::whole || u.part == BlockPart::ffn) return static_cast<int>(s);
   }

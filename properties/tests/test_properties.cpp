@@ -267,6 +267,69 @@ TEST(GradReference, DrawsAtOtherShapesAreAFindingThatNamesThem) {
   EXPECT_EQ(failures(check_case(demo_case("micro=2 seqvar=1 drop=0,0,0,0.3", "builtin"), *builtin)), "");
 }
 
+// A recompute that draws its masks or noise at other shapes than the first forward did (it recomputed
+// from a padded static buffer) is an rng-replay finding that says so; comparing the two was an internal
+// error (exit 3, "the size of tensor a must match").
+TEST(RngReplay, DrawsOfAnotherShapeInTheRecomputeAreAFinding) {
+  const Property* rng = find_property("rng-replay");
+  ASSERT_NE(rng, nullptr);
+  Observations o;
+  o.c = demo_case("micro=2 seqvar=1", "builtin");
+  o.test.completed = true;
+  SiteCall first, later;
+  first.site = later.site = DropoutSite::ffn_out;
+  first.micro = later.micro = 1;
+  first.mask = torch::ones({2, 3, 8}, torch::kBool);
+  later.mask = torch::ones({2, 4, 8}, torch::kBool);
+  later.call = 1, later.phase = 1;
+  o.test.sites = {first, later};
+  Finding f = rng->judge(o);
+  EXPECT_TRUE(f.failed());
+  EXPECT_NE(f.detail.find("a dropout mask of shape [2, 4, 8] where the first forward drew [2, 3, 8]"),
+            std::string::npos)
+      << f.detail;
+  o.test.sites.clear();
+  NoiseCall n0, n1;
+  n0.micro = n1.micro = 1;
+  n0.eps = torch::zeros({2, 3, 8});
+  n1.eps = torch::zeros({2, 4, 8});
+  n1.call = 1, n1.phase = 1;
+  o.test.noise = {n0, n1};
+  f = rng->judge(o);
+  EXPECT_TRUE(f.failed());
+  EXPECT_NE(f.detail.find("noise of shape [2, 4, 8] where the first forward drew [2, 3, 8]"), std::string::npos)
+      << f.detail;
+}
+
+// fx=external in a checkpointed segment no gradient flows through: an implementation that recomputes it
+// anyway (wasted work, not a wrong result) replays the module's effect, which no checkpoint can prevent,
+// so side-effect-once is not applicable, as it is where gradient flows. It failed such an implementation
+// (found by an outside review with a hand-written reentrant checkpoint).
+class RecomputesWithoutGradient : public CheckpointImpl {
+ public:
+  std::vector<torch::Tensor> run(const SegmentCall& call) override {
+    SegmentCall c = call;
+    c.args[0] = c.args[0].toTensor().detach().requires_grad_();  // gradient "flows", into nowhere
+    return builtin_->run(c);
+  }
+
+ private:
+  std::unique_ptr<CheckpointImpl> builtin_ = make_builtin();
+};
+TEST(SideEffectOnce, ExternalModuleInARecomputedSegmentWithoutGradientIsNotApplicable) {
+  const std::string keys = "fx=external input=frozen freeze=blocks";
+  RecomputesWithoutGradient impl;
+  const auto fs = check_case(demo_case(keys, "builtin"), impl);
+  const Finding& f = finding(fs, "side-effect-once");
+  EXPECT_FALSE(f.applicable) << f.detail;
+  EXPECT_NE(f.detail.find("must never be checkpointed"), std::string::npos) << f.detail;
+  EXPECT_EQ(failures(fs), "");
+  // The builtin does not recompute there: the module's effect happens once, and the property judges it.
+  auto builtin = make_builtin();
+  const Finding& b = finding(check_case(demo_case(keys, "builtin"), *builtin), "side-effect-once");
+  EXPECT_TRUE(b.applicable && b.held) << b.detail;
+}
+
 TEST(Faults, EveryCpuFaultHasADemonstration) {
   for (const auto& e : known_impls()) {
     if (e.info.name == "builtin" || e.info.needs_cuda) continue;  // CUDA-only: the test below

@@ -231,6 +231,12 @@ expect 2 "--only with an unknown field" -- "$ck" check --cases 4 --only colour=r
 expect 2 "--only impl" -- "$ck" check --cases 4 --only impl=builtin
 expect 0 "--only fixes a field" -- "$ck" check --cases 20 --only fx=none --only prec=fp32 --json only.json
 python3 -c "import json; r=json.load(open('only.json')); assert r['only']=='fx=none prec=fp32'" || bad "--only not in the report"
+# Fixed fields that contradict each other are named as such, not as a clash with one generated Case.
+expect 2 "--only fields that contradict each other" -- "$ck" check --cases 4 --only seqvar=1 --only micro=1
+one_line_error "--only fields that contradict each other"
+grep -q "cannot apply with the other fields at their defaults: .*seqvar=1 needs micro >= 2" err.txt ||
+  { bad "--only contradiction not named"; cat err.txt; }
+expect 0 "--only shapes that vary across micro-batches" -- "$ck" check --cases 10 --only micro=2 --only seqvar=1
 
 echo "gate_test: $fails failure(s)"
 exit $((fails > 0))
