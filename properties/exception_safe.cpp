@@ -15,6 +15,11 @@ const char* kName = "exception-safe";
 
 Finding judge(const Observations& o) {
   const ThrowExperiment& e = o.throw_exp;
+  if (!e.ran && e.forward_failed)
+    return Finding::fail(kName, 0, "the experiment's step 0 forward",
+                         "the implementation raised in a second run of the run under test's step 0, before the "
+                         "experiment changed anything, where the run under test did not (state kept across runs?): " +
+                             e.why_not);
   if (!e.ran) return Finding::not_applicable(kName, e.why_not);
   const std::string where = fmt::format("step 0 micro 0 segment {} recompute", e.segment);
   if (!e.threw) return Finding::fail(kName, 0, where, "backward completed although the recompute threw");

@@ -16,6 +16,11 @@ const char* kName = "refuses-inplace";
 
 Finding judge(const Observations& o) {
   const InplaceExperiment& e = o.inplace_exp;
+  if (!e.ran && e.forward_failed)
+    return Finding::fail(kName, 0, "the experiment's step 0 forward",
+                         "the implementation raised in a second run of the run under test's step 0, before the "
+                         "experiment changed anything, where the run under test did not (state kept across runs?): " +
+                             e.why_not);
   if (!e.ran) return Finding::not_applicable(kName, e.why_not);
   const bool mask = o.c.inplace_on == InplaceOn::mask;
   const int micro = o.c.inplace_micro;

@@ -330,6 +330,34 @@ TEST(SideEffectOnce, ExternalModuleInARecomputedSegmentWithoutGradientIsNotAppli
   EXPECT_TRUE(b.applicable && b.held) << b.detail;
 }
 
+// An implementation that raises in the experiments' forward, a second run of the run under test's own
+// step 0, though the run under test completed (state it keeps across runs): a finding of the
+// experiments' properties, not a reason to skip them (they were not applicable, and passed the gate).
+class RaisesOnASecondRun : public CheckpointImpl {
+ public:
+  void begin_step(int step) override {
+    if (step == 0) ++runs_;
+  }
+  std::vector<torch::Tensor> run(const SegmentCall& call) override {
+    if (runs_ > 1) throw std::runtime_error("checkpoint buffers already claimed");
+    return builtin_->run(call);
+  }
+
+ private:
+  int runs_ = 0;
+  std::unique_ptr<CheckpointImpl> builtin_ = make_builtin();
+};
+TEST(Experiments, AnImplementationThatFailsOnlyInTheirForwardIsAFinding) {
+  RaisesOnASecondRun impl;
+  const auto fs = check_case(demo_case("inplace=true", "builtin"), impl);
+  EXPECT_TRUE(finding(fs, "completes").held);
+  for (const char* p : {"exception-safe", "refuses-inplace"}) {
+    const Finding& f = finding(fs, p);
+    EXPECT_TRUE(f.failed()) << p << ": " << f.detail;
+    EXPECT_NE(f.detail.find("checkpoint buffers already claimed"), std::string::npos) << f.detail;
+  }
+}
+
 TEST(Faults, EveryCpuFaultHasADemonstration) {
   for (const auto& e : known_impls()) {
     if (e.info.name == "builtin" || e.info.needs_cuda) continue;  // CUDA-only: the test below

@@ -182,7 +182,9 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
       o.throw_exp = t.throw_result;
       o.throw_exp.ran = true, o.throw_exp.segment = target;
     } catch (const std::exception& e) {
+      if (is_out_of_memory(e)) throw EnvironmentError("the experiments ran out of memory: " + first_line(e.what()));
       o.throw_exp.why_not = "its forward failed: " + first_line(e.what());
+      o.throw_exp.forward_failed = o.test.completed && !o.strategy;
     }
     if (c.inplace) {
       try {
@@ -208,7 +210,9 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
           }
         }
       } catch (const std::exception& e) {
+        if (is_out_of_memory(e)) throw EnvironmentError("the experiments ran out of memory: " + first_line(e.what()));
         o.inplace_exp.why_not = "its forward failed: " + first_line(e.what());
+        o.inplace_exp.forward_failed = o.test.completed && !o.strategy;
       }
     } else {
       o.inplace_exp.why_not = "the case does not ask for it (inplace=false)";

@@ -144,6 +144,10 @@ struct GlobalState {
 struct ThrowExperiment {
   bool ran = false;
   std::string why_not;
+  // Not run because its forward (the run under test's own step 0, before anything is planted or edited)
+  // raised although the run under test completed: the implementation behaves differently on a second
+  // run of the same Case (why_not says how). A finding, not a reason to skip.
+  bool forward_failed = false;
   int segment = -1;
   bool threw = false;
   bool planted_message_seen = false;  // the exception that came out is the planted one
@@ -159,6 +163,10 @@ inline constexpr const char* kPlantedFailure = "ckverify: planted failure in the
 struct InplaceExperiment {
   bool ran = false;
   std::string why_not;
+  // Not run because its forward (the run under test's own step 0, before anything is planted or edited)
+  // raised although the run under test completed: the implementation behaves differently on a second
+  // run of the same Case (why_not says how). A finding, not a reason to skip.
+  bool forward_failed = false;
   int segment = -1;
   bool threw = false;
   std::string message;
