@@ -175,44 +175,47 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
         o.strategy ? "the strategy checkpointed no block with gradient flowing through it in step 0, micro-batch 0"
                    : "no checkpointed segment has gradient flowing through it";
   } else {
-    try {
-      const RestoreGlobalState restore{entry};
-      Trainer t(c, o, &impl, Mode::throw_in_recompute, target);
-      t.experiment();
-      o.throw_exp = t.throw_result;
-      o.throw_exp.ran = true, o.throw_exp.segment = target;
-    } catch (const std::exception& e) {
+    // An experiment whose forward raised: out of memory is the environment's; otherwise it did not run,
+    // which is a finding where the run under test completed that same forward (not under a strategy,
+    // which may choose differently on a second run).
+    auto forward_failed = [&](auto& experiment, const std::exception& e) {
       if (is_out_of_memory(e)) throw EnvironmentError("the experiments ran out of memory: " + first_line(e.what()));
-      o.throw_exp.why_not = "its forward failed: " + first_line(e.what());
-      o.throw_exp.forward_failed = o.test.completed && !o.strategy;
-    }
-    if (c.inplace) {
+      experiment.why_not = "its forward failed: " + first_line(e.what());
+      experiment.forward_failed = o.test.completed && !o.strategy;
+    };
+    // Runs the experiment of `mode` into `experiment` (the Trainer's result that `result` picks).
+    auto run_experiment = [&](Mode mode, auto result, auto& experiment) {
       try {
         const RestoreGlobalState restore{entry};
-        Trainer t(c, o, &impl, Mode::inplace_input, target);
+        Trainer t(c, o, &impl, mode, target);
         t.experiment();
-        o.inplace_exp = t.inplace_result;
-        o.inplace_exp.ran = true, o.inplace_exp.segment = target;
-        if (!o.inplace_exp.threw) {
-          // Backward went through: correct only if the implementation recomputed from its own copy of
-          // the input, i.e. its gradients are those of the forward it ran (the input left alone).
-          try {
-            Trainer r(c, o, &impl, Mode::inplace_reference, target);
-            r.experiment();
-            o.inplace_exp.reference_ran = !r.inplace_result.threw;
-            o.inplace_exp.reference_error = r.inplace_result.message;
-            o.inplace_exp.expected_grads = std::move(r.inplace_result.grads);
-            o.inplace_exp.expected_grad_defined = std::move(r.inplace_result.grad_defined);
-            o.inplace_exp.expected_dx = std::move(r.inplace_result.dx);
-          } catch (const std::exception& e) {
-            o.inplace_exp.reference_ran = false;
-            o.inplace_exp.reference_error = "its forward failed: " + first_line(e.what());
-          }
-        }
+        experiment = result(t);
+        experiment.ran = true, experiment.segment = target;
       } catch (const std::exception& e) {
-        if (is_out_of_memory(e)) throw EnvironmentError("the experiments ran out of memory: " + first_line(e.what()));
-        o.inplace_exp.why_not = "its forward failed: " + first_line(e.what());
-        o.inplace_exp.forward_failed = o.test.completed && !o.strategy;
+        forward_failed(experiment, e);
+      }
+    };
+    run_experiment(
+        Mode::throw_in_recompute, [](const Trainer& t) { return t.throw_result; }, o.throw_exp);
+    if (c.inplace) {
+      run_experiment(
+          Mode::inplace_input, [](const Trainer& t) { return t.inplace_result; }, o.inplace_exp);
+      if (o.inplace_exp.ran && !o.inplace_exp.threw) {
+        // Backward went through: correct only if the implementation recomputed from its own copy of the
+        // input, i.e. its gradients are those of the forward it ran (the input left alone).
+        try {
+          const RestoreGlobalState restore{entry};
+          Trainer r(c, o, &impl, Mode::inplace_reference, target);
+          r.experiment();
+          o.inplace_exp.reference_ran = !r.inplace_result.threw;
+          o.inplace_exp.reference_error = r.inplace_result.message;
+          o.inplace_exp.expected_grads = std::move(r.inplace_result.grads);
+          o.inplace_exp.expected_grad_defined = std::move(r.inplace_result.grad_defined);
+          o.inplace_exp.expected_dx = std::move(r.inplace_result.dx);
+        } catch (const std::exception& e) {
+          o.inplace_exp.reference_ran = false;
+          o.inplace_exp.reference_error = "its forward failed: " + first_line(e.what());
+        }
       }
     } else {
       o.inplace_exp.why_not = "the case does not ask for it (inplace=false)";
