@@ -5,8 +5,10 @@
 // within rounding of a different summation order (reorder_tolerance), and further where a
 // gradient's contributions arrive along several paths: a parameter read in several places, and every
 // gradient under a gradient penalty (tolerance.hpp says why). Where ckverify's reference reentrant checkpoint
-// ran on the Case (Observations::design), a gradient may also move by a multiple of what that correct
-// design moves it (design_floor_tolerance), and one that the design too makes non-finite where the
+// ran on the Case (Observations::design; under autocast without a penalty also its form recomputing from
+// detached leaves, design_leaf, as torch's use_reentrant=True does), a gradient may also move by a
+// multiple of what the correct designs move it (design_floor_tolerance, the larger of the two), and one
+// that a design too makes non-finite where the
 // baseline is finite (an overflow of its summation order under autocast) is not judged. The baseline
 // takes each step from the parameters the run under test reached (run.hpp), so every step is judged on
 // its own.
@@ -86,6 +88,16 @@ Finding judge(const Observations& o) {
     const double step_scale = step_gradient_scale(b);
     const Tolerance reorder = reorder_tolerance(c.precision, paths, step_scale);
     const StepRecord* design = o.design_ran && s < o.design.steps.size() ? &o.design.steps[s] : nullptr;
+    const StepRecord* leaf = o.design_leaf_ran && s < o.design_leaf.steps.size() ? &o.design_leaf.steps[s] : nullptr;
+    // How far the reference designs moved a tensor from the baseline's: the larger of the two.
+    auto design_deviation = [&](auto pick, const std::vector<double>& base) {
+      Deviation d = deviation(pick(*design), base);
+      if (leaf) {
+        const Deviation l = deviation(pick(*leaf), base);
+        d.largest = std::max(d.largest, l.largest), d.overflowed = d.overflowed || l.overflowed;
+      }
+      return d;
+    };
     std::vector<std::optional<Tolerance>> grad_tols(names.size());  // as judged (none: not judged)
     auto failed = [&](const CompareResult& r) {
       return Finding::fail(kName, step, fmt::format("step {} {}", step, r.view.label), r.message());
@@ -114,7 +126,8 @@ Finding judge(const Observations& o) {
       Tolerance tol =
           uses[k] > 1 ? looser(shared_gradient_tolerance(c.precision, uses[k], step_scale), reorder) : reorder;
       if (design) {
-        const Deviation d = deviation(design->grads.items[k].data, e);
+        const Deviation d = design_deviation(
+            [k](const StepRecord& r) -> const std::vector<double>& { return r.grads.items[k].data; }, e);
         if (d.overflowed) {
           ++unjudged;
           continue;
@@ -134,8 +147,9 @@ Finding judge(const Observations& o) {
             fmt::format("{} is {} with checkpointing but {} without", label, t.dx[m].empty() ? "undefined" : "defined",
                         b.dx[m].empty() ? "undefined" : "defined"));
       Tolerance tol = paths > 1 ? looser(shared_gradient_tolerance(c.precision, paths, step_scale), reorder) : reorder;
-      if (design && m < design->dx.size()) {
-        const Deviation d = deviation(design->dx[m], b.dx[m]);
+      if (design && m < design->dx.size() && (!leaf || m < leaf->dx.size())) {
+        const Deviation d =
+            design_deviation([m](const StepRecord& r) -> const std::vector<double>& { return r.dx[m]; }, b.dx[m]);
         if (d.overflowed) {
           ++unjudged;
           continue;

@@ -211,6 +211,11 @@ struct Observations {
   RunRecord design;
   bool design_ran = false;
   std::string design_why_not;
+  // Under autocast without a gradient penalty, also the design recomputing from detached leaves (as
+  // torch's use_reentrant=True does: autocast caches one cast of a block input its consumers share, so
+  // their gradients are summed in the autocast dtype); grad-baseline takes the larger of the two floors.
+  RunRecord design_leaf;
+  bool design_leaf_ran = false;
   ReferenceRecord reference;
   ThrowExperiment throw_exp;
   InplaceExperiment inplace_exp;
