@@ -3,15 +3,9 @@
 
 #include <cmath>
 
-#include "verifier/model/model.hpp"
+#include "verifier/run/trainer.hpp"
 
 namespace ckv::run_detail {
-namespace {
-torch::Tensor like(const std::vector<double>& v, const torch::Tensor& p) {
-  return torch::from_blob(const_cast<double*>(v.data()), p.sizes(), torch::kDouble).to(p.options());
-}
-}  // namespace
-
 OptimizerState::OptimizerState(const Case& c, const std::vector<torch::Tensor>& params) : opt_(c.opt), lr_(c.lr) {
   if (opt_ != Optimizer::adam) return;
   for (const auto& p : params) {
@@ -52,16 +46,16 @@ ParamSet OptimizerState::moments(const ParamSet& layout) const {
 
 void OptimizerState::load_moments(const ParamSet& interleaved, const std::vector<torch::Tensor>& params) {
   for (size_t i = 0; i < m_.size(); ++i) {
-    m_[i] = like(interleaved.items.at(2 * i).data, params[i]);
-    v_[i] = like(interleaved.items.at(2 * i + 1).data, params[i]);
+    m_[i] = to_tensor(interleaved.items.at(2 * i).data, params[i].sizes().vec(), params[i].device());
+    v_[i] = to_tensor(interleaved.items.at(2 * i + 1).data, params[i].sizes().vec(), params[i].device());
   }
 }
 
 void OptimizerState::load(const ParamSet& m, const ParamSet& v, std::vector<int64_t> steps,
                           const std::vector<torch::Tensor>& params) {
   for (size_t i = 0; i < m_.size(); ++i) {
-    m_[i] = like(m.items.at(i).data, params[i]);
-    v_[i] = like(v.items.at(i).data, params[i]);
+    m_[i] = to_tensor(m.items.at(i).data, params[i].sizes().vec(), params[i].device());
+    v_[i] = to_tensor(v.items.at(i).data, params[i].sizes().vec(), params[i].device());
   }
   steps_ = std::move(steps);
 }

@@ -23,6 +23,11 @@ torch::Tensor pad_positions(const torch::Tensor& t, int64_t from, int64_t to) {
 
 class StaticShapePadImpl : public CheckpointImpl {
  public:
+  // A run starts afresh (a worker runs many Cases with one implementation: shapes of an earlier Case
+  // must not pad this one's).
+  void begin_step(int step) override {
+    if (step == 0) longest_.clear();
+  }
   std::vector<torch::Tensor> run(const SegmentCall& call) override {
     if (call.args.empty() || !call.args[0].isTensor() || call.args[0].toTensor().dim() < 2) return builtin_->run(call);
     const int64_t length = call.args[0].toTensor().size(1);
