@@ -6,10 +6,13 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 
 #include "properties/generators.hpp"
 #include "properties/property.hpp"
 #include "verifier/checkpoint/checkpoint.hpp"
+#include "verifier/checkpoint/frame.hpp"
 #include "verifier/impls/registry.hpp"
 
 namespace ckv {
@@ -185,6 +188,7 @@ const FaultDemo kDemos[] = {
     {"replays-effects", "fx=counter,log,bn,cache micro=2", "fx=noise micro=2"},
     {"rng-left-advanced", "fx=noise drop=0", "drop=0"},
     {"keep-activations", "d=16 batch=8 seq=16", "d=16 batch=8 seq=16 plan=none"},
+    {"thread-recompute-cache", "d=16 batch=8 seq=16", "d=16 batch=8 seq=16 plan=none"},
     {"resume-no-rng", "resume=1", "drop=0 resume=1"},
     {"resume-rng-before", "resume=1", "drop=0 resume=1"},
     {"resume-no-optimizer", "opt=adam resume=1", "opt=sgd resume=1"},
@@ -467,6 +471,43 @@ TEST(MemorySaved, HoldsForAnImplementationThatCopiesInputsAndKeepsStatePerCall) 
     const auto fs = check_case(c, impl);
     EXPECT_EQ(failures(fs), "") << keys;
     EXPECT_EQ(finding(fs, "memory-saved").detail.rfind("activation peak", 0), 0u) << keys << ": not judged";
+  }
+}
+
+// A correct implementation that recomputes on a helper thread of its own (no LibTorch thread-local state
+// carried over: the thread sets grad mode, autocast and the generators itself) holds every property,
+// memory-saved judged on its peak; the same design keeping what the thread recomputed
+// (thread-recompute-cache) is caught, though LibTorch's own memory hook never reaches that thread.
+TEST(MemorySaved, JudgesARecomputeOnAThreadTheImplementationStarts) {
+  struct HelperThreadFrame : checkpoint_detail::RecomputeFrame {
+    using RecomputeFrame::RecomputeFrame;
+    void recompute() override {
+      std::exception_ptr error;
+      std::thread([&] {
+        try {
+          RecomputeFrame::recompute();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }).join();
+      if (error) std::rethrow_exception(error);
+    }
+  };
+  class HelperThreadCheckpoint : public CheckpointImpl {
+   public:
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      return checkpoint_detail::checkpoint_with<HelperThreadFrame>(call.fn, call.args, CheckpointOptions{});
+    }
+  };
+  for (const char* plan : {"block", "sqrt"}) {
+    const Case c = case_from_line(std::string(kMemoryCase) + " plan=" + plan);
+    HelperThreadCheckpoint correct;
+    const auto fs = check_case(c, correct);
+    EXPECT_EQ(failures(fs), "") << plan;
+    EXPECT_EQ(finding(fs, "memory-saved").detail.rfind("activation peak", 0), 0u) << plan << ": not judged";
+    auto caching = make_impl("thread-recompute-cache");
+    const Finding f = finding(check_case(c, *caching), "memory-saved");
+    EXPECT_TRUE(f.failed()) << plan << ": " << f.detail;
   }
 }
 

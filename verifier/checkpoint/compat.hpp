@@ -5,6 +5,7 @@
 //   - CPU autocast to fp16 exists only in newer releases (2.3+);
 //   - generators are reached through at::globalContext().defaultGenerator(Device) on both, so no
 //     CUDA-specific generator header is needed and the same code compiles with or without CUDA;
+//   - c10::Allocator::allocate lost its const and gained copy_data in 2.3 (the CPU reporting allocator);
 //   - the running backward call (graph task) has an id from 2.1 on (get_current_graph_task_id); 1.13
 //     exposes only its address, which a later call may reuse (the checkpoint also tracks each call's
 //     lifetime, so a reused key is never mistaken for the old call).
@@ -98,6 +99,16 @@ struct AutocastState {
 using MemoryTotal = size_t;
 #else
 using MemoryTotal = int64_t;
+#endif
+
+// c10::Allocator: 2.3 made allocate() non-const and added copy_data() (pure virtual; a derived
+// allocator may forward it to default_copy_data).
+#if CKV_TORCH_AT_LEAST(2, 3)
+#define CKV_ALLOCATE_CONST
+#define CKV_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define CKV_ALLOCATE_CONST const
+#define CKV_ALLOCATOR_HAS_COPY_DATA 0
 #endif
 
 inline at::Generator default_generator(const c10::Device& d) {

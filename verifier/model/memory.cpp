@@ -4,6 +4,7 @@
 #include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Logging.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
@@ -39,20 +40,25 @@ struct Ledger {
   std::unordered_map<const void*, Block> blocks;
   std::atomic<int> current{0};
 
+  std::atomic<int64_t> tracked{0};  // blocks.size(), read without the lock
+  std::atomic<int> reporting{0};    // live MemoryReporting scopes (the CPU allocator reports only inside one)
+
   void report(const void* ptr, int64_t bytes, c10::Device device) {
+    if (bytes > 0 ? current.load() == 0 : tracked.load() == 0) return;  // the common case, lock-free
     std::lock_guard<std::mutex> lock(m);
     if (bytes > 0) {
       const int a = current.load();
       AccountState& s = accounts[static_cast<size_t>(a)];
       if (a == 0 || !s.open || s.device != device.type()) return;  // not counted
-      blocks[ptr] = {a, bytes, s.epoch};
+      if (blocks.emplace(ptr, Block{a, bytes, s.epoch}).second) tracked.fetch_add(1);
       s.live += bytes, s.peak = std::max(s.peak, s.live);
       return;
     }
     auto it = blocks.find(ptr);
-    if (it == blocks.end()) return;  // allocated before reporting began
+    if (it == blocks.end()) return;  // allocated before reporting began, or while no account was current
     const Block b = it->second;
     blocks.erase(it);
+    tracked.fetch_sub(1);
     accounts[static_cast<size_t>(b.account)].live -= b.bytes;
   }
 };
@@ -61,6 +67,55 @@ Ledger& ledger() {
   static Ledger* l = new Ledger;  // never destroyed: frees can be reported during static destruction
   return *l;
 }
+
+// Whether ReportingCpuAllocator is LibTorch's CPU allocator (then it, not the Reporter, reports CPU).
+std::atomic<bool>& cpu_allocator_wrapped() {
+  static std::atomic<bool> wrapped{false};
+  return wrapped;
+}
+
+// LibTorch's profiler hook is thread-local: it reaches the thread that installed it and the autograd
+// threads of the backward passes started there, but not a thread the implementation starts itself
+// (a recompute run on a std::thread, a Python thread, an intra-op worker). So on CPU, where every
+// tensor is allocated through one process-wide allocator, ckverify puts this allocator in front of
+// LibTorch's own: it hands every allocation and free to the ledger, whichever thread makes it. It
+// keeps the inner allocator's data pointer and context (so raw_allocate and is_simple_data_ptr keep
+// working) and swaps only the deleter for one that reports the free, then calls the inner deleter.
+class ReportingCpuAllocator final : public c10::Allocator {
+ public:
+  static bool install() {
+    c10::Allocator* inner = c10::GetCPUAllocator();
+    if (inner == nullptr || inner->raw_deleter() == nullptr) return false;  // nothing we can wrap
+    static ReportingCpuAllocator* self = new ReportingCpuAllocator(inner);  // never destroyed
+    c10::SetCPUAllocator(self, /*priority=*/1);                             // above LibTorch's default (0)
+    return c10::GetCPUAllocator() == self;
+  }
+  c10::DataPtr allocate(size_t n) CKV_ALLOCATE_CONST override {
+    c10::DataPtr d = inner_->allocate(n);
+    void* p = d.get();
+    if (p != nullptr && d.get_context() == p && d.compare_exchange_deleter(inner_deleter_, &reporting_delete) &&
+        ledger().reporting.load() > 0)
+      ledger().report(p, static_cast<int64_t>(n), d.device());
+    return d;
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &reporting_delete; }
+#if CKV_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+
+ private:
+  explicit ReportingCpuAllocator(c10::Allocator* inner) : inner_(inner) {
+    inner_deleter_ = inner->raw_deleter();
+  }
+  static void reporting_delete(void* p) {
+    ledger().report(p, -1, c10::Device(c10::DeviceType::CPU));
+    inner_deleter_(p);
+  }
+  c10::Allocator* inner_;
+  static inline c10::DeleterFnPtr inner_deleter_ = nullptr;  // set once, before the first allocation
+};
 
 // LibTorch reads the PROFILER_STATE slot two ways: the allocators dynamic_cast it to
 // MemoryReportingInfoBase (our hook), and profiler checks (profilerEnabled(), getProfilerConfig(), e.g.
@@ -75,6 +130,7 @@ class Reporter : public torch::profiler::impl::ProfilerStateBase {
   }
   void reportMemoryUsage(void* ptr, int64_t alloc_size, compat::MemoryTotal, compat::MemoryTotal,
                          c10::Device device) override {
+    if (device.is_cpu() && cpu_allocator_wrapped().load()) return;  // ReportingCpuAllocator has it
     ledger().report(ptr, alloc_size, device);
   }
   bool memoryProfilingEnabled() const override { return true; }
@@ -98,8 +154,15 @@ struct MemoryReporting::Guard {
   }
 #endif
 };
-MemoryReporting::MemoryReporting() : guard_(std::make_unique<Guard>()) {}
-MemoryReporting::~MemoryReporting() = default;
+MemoryReporting::MemoryReporting() {
+  static const bool wrapped = ReportingCpuAllocator::install();
+  cpu_allocator_wrapped().store(wrapped);
+  guard_ = std::make_unique<Guard>();
+  ledger().reporting.fetch_add(1);
+}
+MemoryReporting::~MemoryReporting() {
+  ledger().reporting.fetch_sub(1);
+}
 
 MemoryAccount::MemoryAccount(c10::DeviceType device) {
   Ledger& l = ledger();

@@ -1,19 +1,22 @@
 // verifier/model/memory.hpp: tensor memory, measured where LibTorch allocates it. LibTorch keeps no peak
-// statistic for CPU memory, so ckverify installs LibTorch's own memory-reporting hook
-// (c10::MemoryReportingInfoBase under c10::DebugInfoGuard, DebugInfoKind::PROFILER_STATE): the CPU
-// allocator and CUDA's caching allocator report every allocation and free to it, with the pointer, the
-// size and the device. The same code therefore measures CPU and CUDA runs.
+// statistic for CPU memory, so ckverify measures it two ways:
+//   - on CPU, an allocator put in front of LibTorch's CPU allocator (c10::SetCPUAllocator, once per
+//     process) reports every allocation and free, whichever thread makes it: a recompute on a thread the
+//     implementation starts itself, a Python thread or an intra-op worker is measured like the rest;
+//   - on other devices (CUDA's caching allocator), LibTorch's own memory-reporting hook
+//     (c10::MemoryReportingInfoBase under c10::DebugInfoGuard, DebugInfoKind::PROFILER_STATE), which is
+//     thread-local: it reaches the thread that installed it and the autograd threads of the backward
+//     passes started there, not threads the implementation starts itself (a limit, stated).
 //
 // Bytes are charged to accounts: one per training run (the baseline and the run under test interleave
 // step by step in one process). An allocation goes to the account that is current when it happens; a
 // free goes back to the account that allocated it, whichever is current. The current account is
-// process-wide (not per thread) so that allocations made on autograd's device threads, which LibTorch
-// hands the hook to, are charged to the run whose backward they belong to.
+// process-wide (not per thread) so that allocations made on other threads (autograd's device threads,
+// an implementation's own) are charged to the run whose step they belong to.
 //
-// Limits, stated: (1) allocations made inside intra-op worker threads (at::parallel_for bodies) are not
-// reported by LibTorch, neither the allocation nor its free; kernels allocate their outputs before
-// parallelising, so this misses only scratch buffers that die inside the kernel. (2) Memory allocated
-// before the reporter was installed is invisible; its frees are ignored.
+// Limits, stated: memory allocated before reporting began, or while no account was current, is
+// invisible and its frees are ignored; memory an implementation allocates outside LibTorch's allocators
+// (its own malloc, a NumPy array) is not seen.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -23,8 +26,8 @@
 
 namespace ckv {
 
-// RAII: installs the memory-reporting hook on this thread (and, through LibTorch's thread-local
-// state, on the autograd threads of backward passes started from it). Nests.
+// RAII: turns reporting on for a scope: the CPU allocator's, process-wide (installed on first use), and
+// LibTorch's hook on this thread (and on the autograd threads of backward passes started from it). Nests.
 class MemoryReporting {
  public:
   MemoryReporting();

@@ -245,6 +245,23 @@ TEST(Memory, AccountsChargeTheBytesOfTheTensorsAllocatedWhileCurrent) {
   EXPECT_EQ(a.peak(), 0);
 }
 
+// Allocations and frees on a thread LibTorch's thread-local hook does not reach (one the
+// implementation starts itself) are charged too, on CPU: a recompute on a helper thread is measured.
+TEST(Memory, AllocationsOnThreadsStartedElsewhereAreCharged) {
+  MemoryReporting reporting;
+  MemoryAccount a(c10::DeviceType::CPU);
+  ChargeTo charge(&a);
+  torch::Tensor kept;
+  std::thread([&] {
+    kept = torch::empty({1000}, torch::kFloat);                         // 4000 bytes, kept
+    { const torch::Tensor temp = torch::empty({250}, torch::kFloat); }  // 1000 bytes, freed there
+  }).join();
+  EXPECT_EQ(a.live(), 4000);
+  EXPECT_EQ(a.peak(), 5000);
+  std::thread([&] { kept = torch::Tensor(); }).join();  // freed on another thread again
+  EXPECT_EQ(a.live(), 0);
+}
+
 TEST(Memory, NothingIsReportedOutsideAReportingScope) {
   MemoryAccount a(c10::DeviceType::CPU);
   ChargeTo charge(&a);

@@ -20,7 +20,7 @@ const std::vector<ImplEntry>& catalogue() {
       reentrant_hooks(),         nograd_forward_cache(),
       leaf_input_recompute(),    reentrant_no_autocast(),
       carry_input_grads(),       rng_ring(),
-      static_shape_pad(),
+      static_shape_pad(),        thread_recompute_cache(),
   };
   return v;
 }

@@ -11,22 +11,23 @@ namespace ckv::faults {
 const std::vector<ImplEntry>& catalogue();
 
 // On ckverify's recompute frame (verifier/checkpoint/frame.hpp), one step broken:
-ImplEntry no_preserve_rng();       // preserve_rng=false
-ImplEntry cpu_rng_only();          // CUDA generators not replayed
-ImplEntry no_autocast_replay();    // recompute under the backward's autocast state
-ImplEntry default_dtype_replay();  // recompute under autocast with the device's default dtype
-ImplEntry recompute_twice();       // recompute runs fn twice
-ImplEntry no_restore_on_throw();   // global state restored only when the recompute succeeds
-ImplEntry no_version_check();      // inputs modified in place are recomputed from silently
-ImplEntry unchecked_mask();        // only inputs that require grad are checked for in-place changes
-ImplEntry version_by_segment();    // the in-place check looks at the segment's latest call
-ImplEntry raw_storage_copy();      // recomputes from input copies read as contiguous storage
-ImplEntry single_recompute();      // a second backward through the segment fails
-ImplEntry per_segment_state();     // RNG state kept per segment, not per call
-ImplEntry rng_ring();              // RNG states in a ring of 32 slots that wraps
-ImplEntry replays_effects();       // the recompute is not marked: side effects happen twice
-ImplEntry rng_left_advanced();     // the generators are not put back after the recompute
-ImplEntry keep_activations();      // recomputed activations kept alive until the step ends
+ImplEntry no_preserve_rng();         // preserve_rng=false
+ImplEntry cpu_rng_only();            // CUDA generators not replayed
+ImplEntry no_autocast_replay();      // recompute under the backward's autocast state
+ImplEntry default_dtype_replay();    // recompute under autocast with the device's default dtype
+ImplEntry recompute_twice();         // recompute runs fn twice
+ImplEntry no_restore_on_throw();     // global state restored only when the recompute succeeds
+ImplEntry no_version_check();        // inputs modified in place are recomputed from silently
+ImplEntry unchecked_mask();          // only inputs that require grad are checked for in-place changes
+ImplEntry version_by_segment();      // the in-place check looks at the segment's latest call
+ImplEntry raw_storage_copy();        // recomputes from input copies read as contiguous storage
+ImplEntry single_recompute();        // a second backward through the segment fails
+ImplEntry per_segment_state();       // RNG state kept per segment, not per call
+ImplEntry rng_ring();                // RNG states in a ring of 32 slots that wraps
+ImplEntry replays_effects();         // the recompute is not marked: side effects happen twice
+ImplEntry rng_left_advanced();       // the generators are not put back after the recompute
+ImplEntry keep_activations();        // recomputed activations kept alive until the step ends
+ImplEntry thread_recompute_cache();  // the same, recomputed on a helper thread
 // Wrappers around the builtin:
 ImplEntry trains_frozen();          // turns on requires_grad of every declared parameter
 ImplEntry frozen_input_shortcut();  // no tensor input requires grad: runs fn without a graph
