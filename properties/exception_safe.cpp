@@ -22,6 +22,14 @@ Finding judge(const Observations& o) {
                              e.why_not);
   if (!e.ran) return Finding::not_applicable(kName, e.why_not);
   const std::string where = fmt::format("step 0 micro 0 segment {} recompute", e.segment);
+  // No recompute of the target segment ran in that backward (the implementation kept its activations, or
+  // no gradient reached the segment): there was no recompute to throw, so nothing here to judge; whether
+  // that is right is for memory-saved, recompute-count and grad-baseline to say.
+  if (!e.threw && !e.recomputed)
+    return Finding::not_applicable(
+        kName, fmt::format("segment {} was not recomputed in the experiment's backward, so no failure could be "
+                           "planted in its recompute",
+                           e.segment));
   if (!e.threw) return Finding::fail(kName, 0, where, "backward completed although the recompute threw");
   if (!e.planted_message_seen)
     return Finding::fail(kName, 0, where, "the planted exception did not reach the caller; got: " + e.message);

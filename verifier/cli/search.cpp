@@ -168,11 +168,17 @@ SearchResult search(const SearchOptions& o) {
     if (replayed && !replayed->empty()) {
       f.findings = *replayed;
       f.history = std::move(history);
+      // Memory that depends on what ran before is held from earlier calls, or garbage that a collector
+      // (Python's, for reference cycles) frees at a time the earlier cases decide: not always "state".
+      const char* why = f.property == "memory-saved"
+                            ? "the memory it holds depends on earlier calls (a cache or global it fills, or tensors "
+                              "kept in reference cycles that Python's garbage collector frees only later)"
+                            : "the implementation keeps state across calls (a global, a cache, a counter) that "
+                              "changes its result";
       f.history_note = fmt::format(
-          "it fails only after the {} case(s) its worker process ran before it, not alone: the implementation keeps "
-          "state across calls (a global, a cache, a counter) that changes its result; `repro --history` replays them "
-          "first",
-          n);
+          "it fails only after the {} case(s) its worker process ran before it, not alone: {}; `repro --history` "
+          "replays them first",
+          n, why);
     } else {
       f.history_note =
           "it did not fail again in a fresh worker process, alone or after the cases its worker ran before it: the "

@@ -149,6 +149,7 @@ struct ThrowExperiment {
   // run of the same Case (why_not says how). A finding, not a reason to skip.
   bool forward_failed = false;
   int segment = -1;
+  bool recomputed = false;  // the target segment's recompute ran (and raised the planted failure)
   bool threw = false;
   bool planted_message_seen = false;  // the exception that came out is the planted one
   std::string message;

@@ -466,8 +466,10 @@ class Trainer {
         auto& inputs = live_.at(static_cast<size_t>(m)).segment_inputs;
         if (inputs.size() > s) inputs[s] = args[0].toTensor();
       }
-      if (mode_ == Mode::throw_in_recompute && static_cast<int>(s) == target_ && phase_ > 0)
+      if (mode_ == Mode::throw_in_recompute && static_cast<int>(s) == target_ && phase_ > 0) {
+        throw_result.recomputed = true;
         throw std::runtime_error(kPlantedFailure);
+      }
       if (c_.segio() == SegIO::single) {
         torch::Tensor h = segment_input(args.at(0).toTensor());
         for (const Unit& u : seg.units) {
