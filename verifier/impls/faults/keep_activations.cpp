@@ -4,12 +4,10 @@
 // side effects are all right; only the memory the checkpoint exists to save is never given back, so
 // the step's peak is the no-checkpoint run's and memory stays up after backward.
 #include "verifier/impls/faults/faults.hpp"
-#include "verifier/impls/faults/frame_impl.hpp"
+#include "verifier/impls/faults/stash_impl.hpp"
 
 namespace ckv::faults {
 namespace {
-using Stash = std::shared_ptr<std::vector<torch::Tensor>>;
-
 struct KeepFrame : checkpoint_detail::RecomputeFrame {
   KeepFrame(SegmentFunction fn, std::vector<c10::IValue> args, CheckpointOptions options, Stash stash)
       : RecomputeFrame(std::move(fn), std::move(args), options), stash_(std::move(stash)) {}
@@ -19,21 +17,10 @@ struct KeepFrame : checkpoint_detail::RecomputeFrame {
   }
   Stash stash_;
 };
-
-class KeepActivations : public CheckpointImpl {
- public:
-  std::vector<torch::Tensor> run(const SegmentCall& call) override {
-    return checkpoint_detail::checkpoint_with<KeepFrame>(call.fn, call.args, full_recompute(), stash_);
-  }
-  void end_step(int) override { stash_->clear(); }
-
- private:
-  Stash stash_ = std::make_shared<std::vector<torch::Tensor>>();
-};
 }  // namespace
 ImplEntry keep_activations() {
   return {{"keep-activations", "keeps every recomputed activation alive until the step ends: saves no memory",
            "memory-saved", "a plan that checkpoints a segment whose recompute outweighs the boundaries kept"},
-          [] { return std::make_unique<KeepActivations>(); }};
+          [] { return std::make_unique<StashImpl<KeepFrame>>(); }};
 }
 }  // namespace ckv::faults

@@ -8,12 +8,10 @@
 #include <thread>
 
 #include "verifier/impls/faults/faults.hpp"
-#include "verifier/impls/faults/frame_impl.hpp"
+#include "verifier/impls/faults/stash_impl.hpp"
 
 namespace ckv::faults {
 namespace {
-using Stash = std::shared_ptr<std::vector<torch::Tensor>>;
-
 struct ThreadFrame : checkpoint_detail::RecomputeFrame {
   ThreadFrame(SegmentFunction fn, std::vector<c10::IValue> args, CheckpointOptions options, Stash stash)
       : RecomputeFrame(std::move(fn), std::move(args), options), stash_(std::move(stash)) {}
@@ -32,22 +30,11 @@ struct ThreadFrame : checkpoint_detail::RecomputeFrame {
   }
   Stash stash_;
 };
-
-class ThreadRecomputeCache : public CheckpointImpl {
- public:
-  std::vector<torch::Tensor> run(const SegmentCall& call) override {
-    return checkpoint_detail::checkpoint_with<ThreadFrame>(call.fn, call.args, full_recompute(), stash_);
-  }
-  void end_step(int) override { stash_->clear(); }
-
- private:
-  Stash stash_ = std::make_shared<std::vector<torch::Tensor>>();
-};
 }  // namespace
 ImplEntry thread_recompute_cache() {
   return {{"thread-recompute-cache",
            "recomputes on a helper thread and keeps what it recomputed until the step ends: saves no memory",
            "memory-saved", "a plan that checkpoints a segment whose recompute outweighs the boundaries kept"},
-          [] { return std::make_unique<ThreadRecomputeCache>(); }};
+          [] { return std::make_unique<StashImpl<ThreadFrame>>(); }};
 }
 }  // namespace ckv::faults
