@@ -5,12 +5,18 @@
 // process that carries on as well, running the rest of ckverify's code (forkrun), writes forged
 // answers and reports on every close-on-exec pipe and exits (forge), reads its standard input to the
 // end and closes it, then carries on (stdin), closes every descriptor above stderr and carries on
-// (closefds), or runs out of memory (oom: std::bad_alloc, as under RLIMIT_AS); before that it
-// checkpoints nothing (runs the segment plainly, which is a correct, memory-hungry "implementation").
+// (closefds), runs out of memory (oom: std::bad_alloc, as under RLIMIT_AS), writes 8 MiB to each of its
+// standard output and error and carries on (flood), forks a process that leaves its process group
+// (setsid) and sleeps for five minutes holding the standard streams, and carries on (setsid), or hangs
+// in the first process to create the file `marker` (writing its pid there) and carries on in the others
+// (hangonce); before that it checkpoints nothing (runs the segment plainly, which is a correct,
+// memory-hungry "implementation").
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include <fcntl.h>
@@ -22,7 +28,8 @@
 namespace {
 class Misbehave : public ckv::CheckpointImpl {
  public:
-  Misbehave(std::string mode, int at) : mode_(std::move(mode)), at_(at) {}
+  Misbehave(std::string mode, int at, std::string marker)
+      : mode_(std::move(mode)), at_(at), marker_(std::move(marker)) {}
   std::vector<torch::Tensor> run(const ckv::SegmentCall& call) override {
     if (++calls_ == at_) {
       if (mode_ == "segv") std::raise(SIGSEGV);
@@ -37,6 +44,26 @@ class Misbehave : public ckv::CheckpointImpl {
         ::_exit(0);
       }
       if (mode_ == "forkrun") ::fork();
+      if (mode_ == "flood") {
+        const std::string line(1023, 'x');
+        for (int k = 0; k < 8 * 1024; ++k)
+          std::fprintf(stderr, "%s\n", line.c_str()), std::printf("%s\n", line.c_str());
+        std::fflush(nullptr);
+      }
+      if (mode_ == "setsid" && ::fork() == 0) {
+        ::setsid();
+        ::sleep(300);
+        ::_exit(0);
+      }
+      if (mode_ == "hangonce") {
+        const int fd = ::open(marker_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (fd >= 0) {
+          const std::string pid = std::to_string(::getpid()) + "\n";
+          (void)!::write(fd, pid.data(), pid.size());
+          ::close(fd);
+          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+      }
       if (mode_ == "forge") {
         const std::string lie = "{\"findings\":[]}\n1 {\"findings\":[]}\nr0\n";
         for (int fd = 3; fd < 1024; ++fd) {  // pipes opened in this process (close-on-exec), not inherited ones
@@ -62,23 +89,29 @@ class Misbehave : public ckv::CheckpointImpl {
  private:
   std::string mode_;
   int at_;
+  std::string marker_;
   int calls_ = 0;
 };
 
 ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
-  std::string mode = "segv";
+  std::string mode = "segv", marker;
   int at = 1;
   for (const auto& [k, v] : o) {
     if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit" || v == "fork" ||
-                        v == "forkrun" || v == "forge" || v == "stdin" || v == "closefds" || v == "oom"))
+                        v == "forkrun" || v == "forge" || v == "stdin" || v == "closefds" || v == "oom" ||
+                        v == "flood" || v == "setsid" || v == "hangonce"))
       mode = v;
     else if (k == "at")
       at = std::stoi(v);
+    else if (k == "marker")
+      marker = v;
     else
       throw std::invalid_argument("unknown option " + k + "=" + v +
-                                  " (mode=segv|abort|hang|throw|exit|fork|forkrun|forge|stdin|closefds|oom, at=N)");
+                                  " (mode=segv|abort|hang|throw|exit|fork|forkrun|forge|stdin|closefds|oom|flood|"
+                                  "setsid|hangonce, at=N, marker=PATH)");
   }
-  return new Misbehave(mode, at);
+  if (mode == "hangonce" && marker.empty()) throw std::invalid_argument("mode=hangonce needs marker=PATH");
+  return new Misbehave(mode, at, marker);
 }
 }  // namespace
 

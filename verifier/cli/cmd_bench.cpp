@@ -26,6 +26,7 @@
 #include "verifier/cli/bench_report.hpp"
 #include "verifier/cli/reporting.hpp"
 #include "verifier/cli/search.hpp"
+#include "verifier/cli/supervise.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/amp_audit.hpp"
 #include "verifier/run/bench.hpp"
@@ -83,7 +84,8 @@ CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
   CLI::App* bench = app.add_subcommand(
       "bench",
       "Per checkpoint plan: peak and kept tensor memory, step time (forward, backward, optimizer), recompute "
-      "overhead against its bound, tokens/s, loss curves; optionally the growth law, the largest batch within a "
+      "overhead next to what recomputing alone is expected to cost, tokens/s, loss curves; optionally the growth law, "
+      "the largest batch within a "
       "memory budget, and a Markdown report with plots.");
   add_file(bench, "case", a.case_file, "Case JSON file (or --preset)");
   bench->add_option(
@@ -252,7 +254,7 @@ int run_bench(const BenchArgs& a) {
   o.time_cap_s = a.time_cap, o.target = a.target, o.growth = a.growth;
   for (const auto& [label, spec] : strategies)
     o.strategies.push_back({label, [spec = spec] { return make_impl(spec); }});
-  const bool tty = ::isatty(STDERR_FILENO);
+  const bool tty = stderr_is_terminal();  // this runs supervised, its stderr a pipe
   o.progress = [tty](const std::string& s) {
     if (tty) std::cerr << "\r\033[K" << s << std::flush;
   };

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "verifier/cli/supervise.hpp"
 #include "verifier/cli/workers.hpp"
 #include "verifier/impls/loader.hpp"
 #include "verifier/impls/registry.hpp"
@@ -79,7 +80,7 @@ SearchResult search(const SearchOptions& o) {
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   const int shard_n = std::max(1, o.shard_count);
   const int total = o.shard_index < o.cases ? (o.cases - o.shard_index + shard_n - 1) / shard_n : 0;
-  const Progress progress{o.progress && ::isatty(STDERR_FILENO) != 0, total};
+  const Progress progress{o.progress && stderr_is_terminal(), total};
   const rc::Gen<Case> gen = gen_case(o.gen);
   std::unique_ptr<WorkerPool> pool;
   if (o.jobs > 0) pool = std::make_unique<WorkerPool>(WorkerOptions{o.jobs, o.threads, o.case_timeout_s, o.gen.impl});

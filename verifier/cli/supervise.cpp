@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "verifier/case/case.hpp"
+#include "verifier/cli/containment.hpp"
 #include "verifier/cli/scratch.hpp"
 #include "verifier/cli/workers.hpp"
 #include "verifier/impls/registry.hpp"
@@ -27,6 +28,8 @@ namespace ckv::cli {
 namespace {
 
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitInternal = 3;
+
+bool terminal_stderr = ::isatty(STDERR_FILENO) != 0;  // before the child's stderr becomes a pipe
 
 // ---- the child's side ----
 int report_fd = -1;
@@ -59,8 +62,10 @@ void on_foreign_load(const std::string& spec) {
   send("f" + s + "\n");
 }
 
-[[noreturn]] void child(int fd, const std::function<int()>& body) {
+[[noreturn]] void child(int fd, int out, int err, const std::function<int()>& body) {
   report_fd = fd;
+  // The command's output and the implementation's both go through the parent (containment.hpp).
+  ::dup2(out, STDOUT_FILENO), ::dup2(err, STDERR_FILENO);
   child_pid = ::getpid();
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -106,8 +111,13 @@ std::string signal_name(int sig) {
 
 }  // namespace
 
+bool stderr_is_terminal() {
+  return terminal_stderr;
+}
+
 int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   std::cout.flush(), std::cerr.flush();
+  terminal_stderr = ::isatty(STDERR_FILENO) != 0;
   token = channel_token();
   const std::string tmpdir = implementation_tmpdir();  // made before the fork, removed by the parent
   int fds[2];
@@ -116,17 +126,24 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, 100);
     if (high >= 0) ::close(fd), fd = high;
   }
+  int out[2], err[2];
+  output_pipe(out);
+  output_pipe(err);
+  become_subreaper();  // what the child forked and set free comes back here to be killed
   const pid_t pid = ::fork();
   if (pid < 0) {
-    ::close(fds[0]), ::close(fds[1]);
+    for (int f : {fds[0], fds[1], out[0], out[1], err[0], err[1]}) ::close(f);
     throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    ::close(fds[0]);
+    ::close(fds[0]), ::close(out[0]), ::close(err[0]);
     if (!tmpdir.empty()) ::setenv("TMPDIR", tmpdir.c_str(), 1);
-    child(fds[1], body);
+    child(fds[1], out[1], err[1], body);
   }
-  ::close(fds[1]);
+  ::close(fds[1]), ::close(out[1]), ::close(err[1]);
+  std::signal(SIGPIPE, SIG_IGN);  // ckverify's own output closed early must not end the supervision
+  OutputRelay to_stdout(STDOUT_FILENO), to_stderr(STDERR_FILENO);
+  int out_fd = out[0], err_fd = err[0];
   ::setpgid(pid, pid);  // also done by the child; whichever runs first
   struct sigaction sa {
   }, old_int{}, old_term{}, old_hup{};
@@ -146,40 +163,39 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   int status = 0;
   Clock::time_point reported_at{};
   for (;;) {
-    if (fd >= 0) {
-      pollfd p{fd, POLLIN, 0};
-      const int n = ::poll(&p, 1, 100);
-      if (n > 0) {
-        char chunk[4096];
-        const ssize_t got = ::read(fd, chunk, sizeof chunk);
-        if (got > 0) {
-          buffer.append(chunk, static_cast<size_t>(got));
-          for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
-            std::string line = buffer.substr(0, nl);
-            if (line.compare(0, token.size() + 1, token + " ") != 0) {  // not written by ckverify
-              if (forged.empty()) forged = line.empty() ? std::string("(an empty line)") : line;
-              continue;
-            }
-            line.erase(0, token.size() + 1);
-            if (line.empty()) continue;
-            if (line[0] == 'p') last_progress = Clock::now();
-            if (line[0] == 'f') foreign.push_back(line.substr(1)), last_progress = Clock::now();
-            if (line[0] == 'u') escaped = true;
-            if (line[0] == 'r' && reported < 0) {
-              try {
-                reported = std::stoi(line.substr(1));
-              } catch (const std::exception&) {
-                reported = kExitInternal;
-              }
-              reported_at = Clock::now();
-            }
+    // One wait over the report pipe and the child's output (poll skips a closed one: fd -1).
+    pollfd p[3] = {{fd, POLLIN, 0}, {out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
+    const int n = ::poll(p, 3, 100);
+    if (n > 0 && p[1].revents != 0 && !to_stdout.pump(out_fd)) ::close(out_fd), out_fd = -1;
+    if (n > 0 && p[2].revents != 0 && !to_stderr.pump(err_fd)) ::close(err_fd), err_fd = -1;
+    if (n > 0 && p[0].revents != 0) {
+      char chunk[4096];
+      const ssize_t got = ::read(fd, chunk, sizeof chunk);
+      if (got > 0) {
+        buffer.append(chunk, static_cast<size_t>(got));
+        for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
+          std::string line = buffer.substr(0, nl);
+          if (line.compare(0, token.size() + 1, token + " ") != 0) {  // not written by ckverify
+            if (forged.empty()) forged = line.empty() ? std::string("(an empty line)") : line;
+            continue;
           }
-        } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-          ::close(fd), fd = -1;
+          line.erase(0, token.size() + 1);
+          if (line.empty()) continue;
+          if (line[0] == 'p') last_progress = Clock::now();
+          if (line[0] == 'f') foreign.push_back(line.substr(1)), last_progress = Clock::now();
+          if (line[0] == 'u') escaped = true;
+          if (line[0] == 'r' && reported < 0) {
+            try {
+              reported = std::stoi(line.substr(1));
+            } catch (const std::exception&) {
+              reported = kExitInternal;
+            }
+            reported_at = Clock::now();
+          }
         }
+      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+        ::close(fd), fd = -1;
       }
-    } else {
-      ::usleep(100 * 1000);
     }
     const pid_t w = ::waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
@@ -208,6 +224,11 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   }
   if (fd >= 0) ::close(fd);
   ::kill(-pid, SIGKILL);  // whatever the implementation forked dies with the command
+  kill_orphans({});       // and what it forked out of the group
+  // The rest of the child's output, then the notes of what was left out, before the verdict.
+  for (int* f : {&out_fd, &err_fd})
+    if (*f >= 0) (f == &out_fd ? to_stdout : to_stderr).pump(*f), ::close(*f), *f = -1;
+  to_stdout.finish(), to_stderr.finish();
   ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr),
       ::sigaction(SIGHUP, &old_hup, nullptr);
 

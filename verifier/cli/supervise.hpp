@@ -18,8 +18,10 @@
 //   - SIGKILL that the parent did not send: killed from outside (the kernel's out-of-memory killer, a
 //     memory limit, a user), exit 2, blaming no one;
 //   - SIGINT, SIGTERM or SIGHUP to the parent: passed to the child's group, exit 128 + the signal.
-// When the child is gone its whole process group is killed, so processes the implementation forked
-// never outlive the command (nor hold its stdout or stderr open).
+// When the child is gone its whole process group is killed, and with it what the implementation forked
+// out of the group (containment.hpp), so processes the implementation forked never outlive the command.
+// The child's standard output and error are pipes the parent relays to its own, bounded (containment.hpp):
+// a process the child forked holds those, never the command's stdout or stderr.
 #pragma once
 
 #include <functional>
@@ -33,5 +35,9 @@ struct SuperviseOptions {
 };
 
 int supervise(const SuperviseOptions& options, const std::function<int()>& body);
+
+// Whether the command's stderr is a terminal (in the supervised child, whose stderr is a pipe: whether
+// the parent's is).
+bool stderr_is_terminal();
 
 }  // namespace ckv::cli

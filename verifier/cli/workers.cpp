@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "verifier/cli/containment.hpp"
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/scratch.hpp"
 #include "verifier/cli/search.hpp"
@@ -194,6 +195,7 @@ int worker_main(const std::string& impl, int threads) {
 struct WorkerPool::Worker {
   pid_t pid = -1;
   int to = -1, from = -1;  // request pipe (write end), answer pipe (read end)
+  int err = -1;            // the read end of its standard output and error (containment.hpp)
   std::string buffer;
   std::string token;  // sent first; every answer starts with it
   int task = -1;      // index of the Case it runs, -1 when idle
@@ -277,11 +279,13 @@ std::string forged(const std::string& line) {
 
 WorkerPool::WorkerPool(WorkerOptions o) : o_(std::move(o)), oom_at_start_(oom_kills()) {
   std::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take ckverify with it
+  become_subreaper();             // what a worker forked and set free comes back here to be killed
   for (int i = 0; i < std::max(1, o_.workers); ++i) workers_.push_back(std::make_unique<Worker>());
 }
 
 WorkerPool::~WorkerPool() {
   for (auto& w : workers_) stop(*w);
+  relay_.finish();
 }
 
 void WorkerPool::stop(Worker& w) {
@@ -294,18 +298,28 @@ void WorkerPool::stop(Worker& w) {
   }
   if (w.to >= 0) ::close(w.to);
   if (w.from >= 0) ::close(w.from);
+  if (w.err >= 0) relay_.pump(w.err), ::close(w.err);
+  const bool had_process = w.to >= 0;
   w = Worker{};
+  if (had_process) {  // processes the implementation forked out of the worker's group
+    std::vector<pid_t> keep;
+    for (const auto& other : workers_)
+      if (other->pid > 0) keep.push_back(other->pid);
+    kill_orphans(keep);
+  }
 }
 
 bool WorkerPool::start(Worker& w, Clock::time_point deadline) {
   static const std::string exe = self_exe();
-  int req[2], ans[2];
+  int req[2], ans[2], err[2];
   make_pipe(req);
   make_pipe(ans);
+  output_pipe(err);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, req[0], 0);
   posix_spawn_file_actions_adddup2(&fa, ans[1], 3);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // a process group of its own, killed whole
@@ -330,12 +344,14 @@ bool WorkerPool::start(Worker& w, Clock::time_point deadline) {
   posix_spawnattr_destroy(&attr);
   ::close(req[0]);
   ::close(ans[1]);
+  ::close(err[1]);
   if (rc != 0) {
     ::close(req[1]);
     ::close(ans[0]);
+    ::close(err[0]);
     throw std::runtime_error(std::string("cannot start a worker process: ") + std::strerror(rc));
   }
-  w.pid = pid, w.to = req[1], w.from = ans[0];
+  w.pid = pid, w.to = req[1], w.from = ans[0], w.err = err[0];
   w.token = channel_token();
   if (!write_all(w.to, w.token + "\n")) {
     stop(w);
@@ -358,8 +374,12 @@ bool WorkerPool::start(Worker& w, Clock::time_point deadline) {
       throw UsageError(sanitize(o_.impl, 200) + ": " + sanitize(why, 300));
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-    pollfd p{w.from, POLLIN, 0};
-    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) == 0) {
+    pollfd p[2] = {{w.from, POLLIN, 0}, {w.err, POLLIN, 0}};
+    const int ready = left <= 0 ? 0 : ::poll(p, w.err >= 0 ? 2 : 1, static_cast<int>(left));
+    if (ready > 0 && p[1].revents != 0 && !relay_.pump(w.err)) ::close(w.err), w.err = -1;
+    if (ready > 0 && p[0].revents == 0) continue;  // output only
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
       stop(w);
       if (until < limit) return false;  // the budget, not the load limit
       throw UsageError(fmt::format("{}: loading the implementation took longer than {:g} s", sanitize(o_.impl, 200),
@@ -495,6 +515,11 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
         busy.push_back(w.get());
         wait_until = std::min(wait_until, w->deadline);
       }
+    // After the answer channels: every worker's output, busy or idle (a worker blocked on a full pipe
+    // would stall, and its output is bounded here).
+    std::vector<Worker*> talking;
+    for (auto& w : workers_)
+      if (w->err >= 0) polls.push_back({w->err, POLLIN, 0}), talking.push_back(w.get());
     if (busy.empty()) {
       if (next >= cases.size() || Clock::now() >= deadline) break;
       continue;  // a worker was replaced between cases: the next Case goes to it
@@ -511,6 +536,9 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
     expected_wake = std::max(Clock::now(), wait_until);
     const int n = ::poll(polls.data(), polls.size(), static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30)));
     if (n < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
+    for (size_t k = 0; n > 0 && k < talking.size(); ++k)
+      if (polls[busy.size() + k].revents != 0 && !relay_.pump(talking[k]->err))
+        ::close(talking[k]->err), talking[k]->err = -1;
     const auto now = Clock::now();
     // ckverify itself did not run (a suspended job, a frozen container): the time is no case's.
     if (now > expected_wake + std::chrono::seconds(1))

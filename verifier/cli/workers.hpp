@@ -7,7 +7,8 @@
 // or closes it cannot touch the answers. Every answer starts with a random token the parent sent first
 // and the number of the request it answers, and a process the implementation forked never answers: a
 // line that is not such an answer (written by the implementation on a descriptor it does not own) is a
-// `completes` failure of the Case, and the worker is replaced.
+// `completes` failure of the Case, and the worker is replaced. The worker's standard error (and so its
+// standard output) is a pipe ckverify drains into its own stderr, bounded (containment.hpp).
 // A worker that dies (segfault, abort, an exception escaping everything) or runs a Case past the
 // per-case timeout is killed with its process group and replaced; the Case gets a `completes` failure
 // naming the signal or the timeout, and the run goes on. A worker killed by SIGKILL that ckverify did
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "properties/property.hpp"
+#include "verifier/cli/containment.hpp"
 
 namespace ckv::cli {
 
@@ -64,6 +66,7 @@ class WorkerPool {
   // For each case of the last run(): the history of the worker that took it, and its length then.
   std::vector<std::pair<std::shared_ptr<const std::vector<Case>>, size_t>> placed_;
   std::optional<long> oom_at_start_;  // the cgroup's oom_kill count when the pool started
+  OutputRelay relay_{2};              // the workers' standard output and error, bounded, to ckverify's stderr
 };
 
 // `ckverify worker`: the loop a worker runs (started with the requests on fd 0, the answers on fd 3).

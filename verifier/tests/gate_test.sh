@@ -103,6 +103,49 @@ grep -q "^FAILED completes" out.txt || { bad "closefds: headline"; cat out.txt; 
 [ $(( $(date +%s) - start )) -le 90 ] || bad "closefds took $(( $(date +%s) - start )) s"
 pgrep -f "$mis:mode=forkrun" >/dev/null && { bad "a process forked by the plugin outlived check"; pkill -9 -f "$mis:mode=forkrun"; }
 
+# Containment (containment.hpp). What an implementation prints is bounded: 8 MiB on each stream from each
+# worker come out as at most about 1 MiB per pool plus a tail, after a note of what was left out, and the
+# verdict is the plain plugin's. A process it forks out of its process group (setsid) dies with the
+# command and holds none of its output.
+expect 1 "a plugin that floods its output" -- "$ck" check --impl "$mis:mode=flood" --plan block --cases 3 -j 2
+[ "$(grep "^FAILED" out.txt)" = "$control" ] || { bad "flood: not the plain plugin's verdict"; head -c 2000 out.txt; }
+size=$(( $(wc -c < out.txt) + $(wc -c < err.txt) ))
+[ $size -le $(( 8 << 20 )) ] || bad "flood: $size bytes of output reached ckverify's"
+grep -q "bytes left out here" err.txt || bad "flood: no note of what was left out"
+sv_case sv-flood.json flood
+expect 0 "train: a plugin that floods its output" -- "$ck" train sv-flood.json
+grep -q "digest" out.txt || bad "train flood: the digest was lost"
+[ $(wc -c < out.txt) -le $(( 2 << 20 )) ] || bad "train flood: $(wc -c < out.txt) bytes on stdout"
+grep -q "bytes left out here" out.txt || bad "train flood: no note of what was left out"
+start=$(date +%s)
+"$ck" check --impl "$mis:mode=setsid" --plan block --cases 3 -j 2 2>&1 | cat > setsid.txt
+[ "$(grep "^FAILED" setsid.txt)" = "$control" ] || { bad "setsid: not the plain plugin's verdict"; cat setsid.txt; }
+[ $(( $(date +%s) - start )) -le 60 ] || bad "a process forked out of the group held check's output for $(( $(date +%s) - start )) s"
+sleep 1
+pgrep -f "$mis:mode=setsid" >/dev/null && { bad "a process forked out of its group outlived check"; pkill -9 -f "$mis:mode=setsid"; }
+sv_case sv-setsid.json setsid
+"$ck" train sv-setsid.json 2>&1 | cat > setsid.txt
+[ "${PIPESTATUS[0]}" = 0 ] || { bad "train with a plugin that forks out of its group"; cat setsid.txt; }
+sleep 1
+pgrep -f "train sv-setsid.json" >/dev/null && { bad "a process forked out of its group outlived train"; pkill -9 -f "train sv-setsid.json"; }
+# A worker killed from outside while it waits between cases is the environment's too (exit 2), found
+# when it is next given a case: the first worker hangs in its case (mode=hangonce) while the other one
+# runs the remaining cases and waits; that one is killed; the hang's timeout fails its case, and the
+# shrink's candidates go to both workers.
+rm -f hangonce.pid
+"$ck" check --impl "$mis:mode=hangonce,marker=$tmp/hangonce.pid" --plan block --cases 3 -j 2 --case-timeout 15 \
+  >out.txt 2>err.txt &
+pid=$!
+for k in $(seq 120); do [ -s hangonce.pid ] && break; sleep 0.5; done
+hanger=$(cat hangonce.pid)
+idle=$(pgrep -P $pid | grep -vx "$hanger" | head -1)
+cpu() { awk '{print $14 + $15}' /proc/$1/stat 2>/dev/null; }
+last=$(cpu $idle)
+for k in $(seq 60); do sleep 1; now=$(cpu $idle); [ "$now" = "$last" ] && break; last=$now; done
+kill -KILL $idle; wait $pid; rc=$?
+[ $rc = 2 ] || { bad "an idle worker killed from outside: exit $rc, not 2"; cat out.txt err.txt; }
+grep -q "killed by SIGKILL from outside ckverify.*between cases" err.txt || { bad "idle kill: not named"; cat err.txt; }
+
 # Blame: a worker killed by SIGKILL from outside (the OOM killer, a user) is the environment's, exit 2,
 # one line, nothing shrunk; time the job spends stopped is not a case's (the whole job, ckverify and
 # its worker, stopped mid-case for longer than --case-timeout, then continued, still passes).

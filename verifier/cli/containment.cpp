@@ -1,0 +1,157 @@
+// verifier/cli/containment.cpp: see containment.hpp.
+#include "verifier/cli/containment.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <thread>
+
+namespace ckv::cli {
+
+OutputRelay::OutputRelay(int to, size_t head, size_t tail) : to_(to), head_(head), tail_limit_(tail) {}
+
+OutputRelay::~OutputRelay() {
+  finish();
+}
+
+void OutputRelay::emit(const char* data, size_t n) const {
+  while (n > 0) {
+    const ssize_t w = ::write(to_, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // ckverify's own output is gone (a closed pipe): nothing more to do here
+    data += w, n -= static_cast<size_t>(w);
+  }
+}
+
+void OutputRelay::write(const char* data, size_t n) {
+  if (sent_ < head_) {
+    const size_t now = std::min(n, head_ - sent_);
+    emit(data, now);
+    sent_ += now, data += now, n -= now;
+  }
+  if (n == 0) return;
+  tail_.append(data, n);
+  if (tail_.size() > 2 * tail_limit_) {
+    const size_t cut = tail_.size() - tail_limit_;
+    dropped_ += cut;
+    tail_.erase(0, cut);
+  }
+}
+
+bool OutputRelay::pump(int fd, size_t most) {
+  char chunk[65536];
+  for (size_t got = 0; got < most;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (n <= 0) return false;
+    write(chunk, static_cast<size_t>(n));
+    got += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void OutputRelay::finish() {
+  if (tail_.size() > tail_limit_) {
+    dropped_ += tail_.size() - tail_limit_;
+    tail_.erase(0, tail_.size() - tail_limit_);
+  }
+  if (dropped_ == 0) {
+    emit(tail_.data(), tail_.size());
+    sent_ += tail_.size();
+  } else {
+    // Start the tail at a line when there is one, so that the note stands on a line of its own.
+    const size_t nl = tail_.find('\n');
+    if (nl != std::string::npos && nl + 1 < tail_.size()) dropped_ += nl + 1, tail_.erase(0, nl + 1);
+    const std::string note = fmt::format(
+        "\n[ckverify: the implementation's output passed {} bytes: {} bytes left out here; the last {} follow]\n",
+        head_, dropped_, tail_.size());
+    emit(note.data(), note.size());
+    emit(tail_.data(), tail_.size());
+  }
+  tail_.clear();
+  // What comes after a finish() is forwarded again up to the same limit.
+  sent_ = 0, dropped_ = 0;
+}
+
+void output_pipe(int fds[2]) {
+  int raw[2];
+  if (::pipe2(raw, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  for (int k = 0; k < 2; ++k) {
+    fds[k] = ::fcntl(raw[k], F_DUPFD_CLOEXEC, 10);
+    ::close(raw[k]);
+    if (fds[k] < 0) {
+      if (k == 1) ::close(fds[0]);
+      throw std::runtime_error(std::string("fcntl: ") + std::strerror(errno));
+    }
+  }
+  ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+}
+
+void become_subreaper() {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+}
+
+namespace {
+// This process's children, from /proc/PID/stat (field 4 is the parent's pid).
+std::vector<pid_t> children() {
+  std::vector<pid_t> out;
+  const pid_t self = ::getpid();
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    std::ifstream f(fmt::format("/proc/{}/stat", pid));
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &ppid) == 2 && ppid == self)
+      out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  return out;
+}
+}  // namespace
+
+void kill_orphans(const std::vector<pid_t>& keep) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (bool quiet_once = false;;) {
+    std::vector<pid_t> found;
+    for (pid_t p : children())
+      if (std::find(keep.begin(), keep.end(), p) == keep.end()) found.push_back(p);
+    if (found.empty()) {
+      // A process dying as the scan ran may reparent its children just after it: look once more.
+      if (quiet_once) return;
+      quiet_once = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    quiet_once = false;
+    for (pid_t p : found) ::kill(p, SIGKILL);
+    for (pid_t p : found) {
+      int status = 0;
+      while (::waitpid(p, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (std::chrono::steady_clock::now() >= until) return;
+  }
+}
+
+}  // namespace ckv::cli

@@ -1,0 +1,59 @@
+// verifier/cli/containment.hpp: what keeps an implementation's processes and output inside the run.
+//   - Output: the implementation's process (a worker, or the supervised child of train/bench/audit-amp)
+//     writes its standard output and error into pipes that ckverify drains (OutputRelay), never into
+//     ckverify's own descriptors. A process it forked holds those pipes, not the terminal or the CI log,
+//     so it cannot keep `ckverify ... | cat` waiting; and what it prints is bounded: past the first
+//     kRelayHead bytes only the last kRelayTail are kept, printed at the end after a line saying how
+//     much was left out.
+//   - Processes: ckverify is its workers' child subreaper (PR_SET_CHILD_SUBREAPER), so a process the
+//     implementation forked that left the worker's process group (setsid, setpgid) is reparented to
+//     ckverify when its parent dies, and kill_orphans() kills it. Should ckverify itself be killed with
+//     SIGKILL, such a process survives: only a cgroup could contain it (docs/limits.md).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ckv::cli {
+
+inline constexpr size_t kRelayHead = size_t{1} << 20;   // bytes forwarded as they come
+inline constexpr size_t kRelayTail = size_t{64} << 10;  // bytes kept from the end once the head is spent
+
+// Copies what arrives to one of ckverify's descriptors, up to `head` bytes; past them it keeps the
+// last `tail` bytes, and finish() writes a note of what was left out, then those.
+class OutputRelay {
+ public:
+  explicit OutputRelay(int to, size_t head = kRelayHead, size_t tail = kRelayTail);
+  ~OutputRelay();
+  OutputRelay(const OutputRelay&) = delete;
+  OutputRelay& operator=(const OutputRelay&) = delete;
+  void write(const char* data, size_t n);
+  // Reads what the non-blocking descriptor has now (at most `most` bytes), forwarding it; false once it
+  // is at end of file or broken.
+  bool pump(int fd, size_t most = size_t{4} << 20);
+  void finish();  // idempotent; the relay can go on afterwards
+  size_t left_out() const { return dropped_; }
+
+ private:
+  void emit(const char* data, size_t n) const;
+  int to_;
+  size_t head_, tail_limit_, sent_ = 0, dropped_ = 0;
+  std::string tail_;
+};
+
+// A pipe for an implementation's output: {read end, write end}, both close-on-exec, above the
+// standard descriptors; the read end non-blocking.
+void output_pipe(int fds[2]);
+
+// Makes this process the child subreaper of its descendants (PR_SET_CHILD_SUBREAPER).
+void become_subreaper();
+
+// Kills (SIGKILL) and reaps every child of this process that is not in `keep`: processes an
+// implementation forked that outlived their parent and were reparented here. Repeats for a short
+// while, as a dying process's own children are reparented after it.
+void kill_orphans(const std::vector<pid_t>& keep);
+
+}  // namespace ckv::cli
