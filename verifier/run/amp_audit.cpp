@@ -17,8 +17,10 @@ namespace ckv {
 namespace {
 
 // The parameter group of a layout name: "layer3.attn.wq.weight" -> "layer3"; "head.weight" -> "head".
-std::string group_of(const std::string& name) {
-  return name.substr(0, name.find('.'));
+// With weights tied across blocks every block uses layer0's parameters: that group is "blocks".
+std::string group_of(const std::string& name, Tie tie) {
+  std::string g = name.substr(0, name.find('.'));
+  return tie == Tie::blocks && g == "layer0" ? "blocks" : g;
 }
 
 struct GroupStats {
@@ -35,11 +37,11 @@ struct GroupStats {
 
 // Per group, `actual` against `expected` (same layout); `only`: the parameters to compare (those that got
 // a gradient: a frozen parameter has none in LibTorch while the reference differentiates everything).
-std::map<std::string, GroupStats> compare_groups(const ParamSet& actual, const ParamSet& expected,
+std::map<std::string, GroupStats> compare_groups(const ParamSet& actual, const ParamSet& expected, Tie tie,
                                                  const std::vector<bool>* only = nullptr) {
   std::map<std::string, GroupStats> out;
   for (size_t k = 0; k < expected.items.size(); ++k) {
-    GroupStats& g = out[group_of(expected.items[k].name)];
+    GroupStats& g = out[group_of(expected.items[k].name, tie)];
     if (only && !only->at(k)) continue;
     const auto &a = actual.items.at(k).data, &e = expected.items[k].data;
     for (size_t i = 0; i < e.size(); ++i) {
@@ -94,7 +96,9 @@ AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
   const int threads = torch::get_num_threads();
   a.threads_a = threads;
   a.threads_b = threads == 1 ? std::max(2u, std::thread::hardware_concurrency()) : 1;
-  const int positions = base.model.layers;
+  const Tie tie = base.model.tie;
+  // Plot positions: one per block (one for all of them when they share their weights), then the rest.
+  const int positions = tie == Tie::blocks ? 1 : base.model.layers;
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     Case c = base;
     c.precision = p;
@@ -136,10 +140,10 @@ AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
       continue;
     }
     const ExpectedStep ref_none = reference_for(plain, none), ref_ckpt = reference_for(c, ckpt);
-    const auto err_none = compare_groups(none.steps[0].grads, ref_none.grads, &none.steps[0].grad_defined);
-    const auto err_ckpt = compare_groups(ckpt.steps[0].grads, ref_ckpt.grads, &ckpt.steps[0].grad_defined);
-    const auto drift = compare_groups(ckpt.steps[0].grads, none.steps[0].grads);
-    const auto floor = compare_groups(other.steps[0].grads, none.steps[0].grads);
+    const auto err_none = compare_groups(none.steps[0].grads, ref_none.grads, tie, &none.steps[0].grad_defined);
+    const auto err_ckpt = compare_groups(ckpt.steps[0].grads, ref_ckpt.grads, tie, &ckpt.steps[0].grad_defined);
+    const auto drift = compare_groups(ckpt.steps[0].grads, none.steps[0].grads, tie);
+    const auto floor = compare_groups(other.steps[0].grads, none.steps[0].grads, tie);
     // The design floor: the reference reentrant checkpoints' drift, where they apply.
     std::map<std::string, double> design;
     if (c.hook != Hook::none) {
@@ -155,11 +159,12 @@ AmpAudit audit_amp(const Case& given, CheckpointImpl& impl) {
                                    "); its design floor is left out");
           continue;
         }
-        for (const auto& [group, e] : compare_groups(d.steps[0].grads, none.steps[0].grads))
+        for (const auto& [group, e] : compare_groups(d.steps[0].grads, none.steps[0].grads, tie))
           design[group] = std::max(design[group], e.rel_l2());
       }
     }
     auto position_of = [&](const std::string& g) {
+      if (g == "blocks") return 0;
       if (g.rfind("layer", 0) == 0) return std::stoi(g.substr(5));
       return g == "norm_f" ? positions : positions + 1;
     };

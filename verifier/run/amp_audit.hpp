@@ -27,8 +27,10 @@ namespace ckv {
 struct AmpRow {
   std::string precision;  // fp32, bf16, fp16
   bool checkpointed = false;
-  std::string group;  // "layer3", "norm_f", "head", "input" (the tied input projection shares head.weight)
-  int position = 0;   // x for plots: block index, then the groups after the blocks
+  // "layer3", "blocks" (every block's weights, tied across blocks), "norm_f", "head", "input" (the tied
+  // input projection shares head.weight)
+  std::string group;
+  int position = 0;                    // x for plots: block index (0 for "blocks"), then the groups after the blocks
   double rel_l2 = 0.0, max_rel = 0.0;  // gradient error against fp64
   double drift = 0.0;                  // checkpointed rows: rel-L2 against the non-checkpointed run
   double floor = 0.0;                  // the noise floor of this precision and group (rel-L2)

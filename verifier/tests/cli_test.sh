@@ -235,6 +235,16 @@ expect 2 "audit-amp --plan none" -- "$ck" audit-amp amp.json --plan none
 expect 2 "audit-amp with a case file and --cases" -- "$ck" audit-amp amp.json --cases 3
 "$ck" case layers=2 d=8 heads=2 freeze=blocks seed=3 > frozen.json
 expect 0 "audit-amp with frozen parameters" -- "$ck" audit-amp frozen.json
+# Weights tied across blocks are one group, "blocks", at the first position; no block reads as layer0.
+"$ck" case layers=3 d=8 heads=2 tie=blocks plan=block seed=3 > amp_blocks.json
+expect 0 "audit-amp with weights tied across blocks" -- "$ck" audit-amp amp_blocks.json --json amp_blocks_out.json
+python3 - amp_blocks_out.json <<'PY' || { bad "tied blocks are not one group at position 0"; cat out.txt; }
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+groups = {r["group"]: r["position"] for r in rows}
+assert groups.get("blocks") == 0 and not any(g.startswith("layer") for g in groups), groups
+assert all(p in (1, 2) for g, p in groups.items() if g != "blocks"), groups
+PY
 
 # bench: per-plan memory and time, loss curves, the growth law, the report with its plots.
 "$ck" case layers=4 d=8 heads=2 ffn=2 vocab=5 batch=2 seq=8 seed=3 > bench.json
