@@ -20,8 +20,8 @@ double mib(int64_t b) {
 std::string pct(double x) {
   return fmt::format("{:+.1f}%", 100.0 * x);
 }
-std::string bound_text(const PlanBench& p) {
-  return p.overhead_bound < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * p.overhead_bound);
+std::string expected_text(const PlanBench& p) {
+  return p.overhead_expected < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * p.overhead_expected);
 }
 // The overhead with its interval: "+23.6% [+22.0,+25.1]"; a "*" marks an interval over fewer rounds
 // than a 95% one needs.
@@ -60,7 +60,7 @@ std::string row_name(const PlanBench& p) {
 report::LinePlot amp_error_plot(const std::vector<AmpRow>& rows, const std::string& plan, const std::string& impl) {
   report::LinePlot p;
   p.title = "ckverify audit-amp: gradient error vs the fp64 reference per parameter group (impl " + impl + ")";
-  p.xlabel = "parameter group (blocks in order, then final norm and head)";
+  p.xlabel = "parameter group (blocks in order, or all blocks when tied, then final norm and head)";
   p.ylabel = "relative L2 error of the gradients (values below 1e-12 drawn at 1e-12)";
   p.log_y = true, p.y_floor = 1e-12;
   std::map<int, std::string> tics;
@@ -93,7 +93,7 @@ std::string bench_table(const BenchResult& r) {
   s += fmt::format(
       "{:<{}} {:>5} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>24} {:>7} {:>10} {:>8} {:>9}{}\n", "plan", w,
       "impl", "peak MiB", "saving", "kept MiB", "step ms", "(spread)", "fwd ms", "bwd ms", "opt ms",
-      "overhead [95% interval]", "bound", "tokens/s", "save/ovh", "loss dev", verified ? "  verified" : "");
+      "overhead [95% interval]", "expected", "tokens/s", "save/ovh", "loss dev", verified ? "  verified" : "");
   bool starred = false;
   for (const PlanBench& p : r.plans) {
     const std::string tag = p.impl.empty() ? "-" : impl_tag(r, p.impl);
@@ -107,7 +107,7 @@ std::string bench_table(const BenchResult& r) {
         "{:>8} {:>9.1e}{}\n",
         p.plan, w, tag, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s,
         fmt::format("({:.0f}%)", 100.0 * p.spread), 1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s,
-        overhead_text(p), bound_text(p), p.tokens_per_s, ratio_text(p), p.loss_divergence,
+        overhead_text(p), expected_text(p), p.tokens_per_s, ratio_text(p), p.loss_divergence,
         verified ? "  " + (p.verified.empty() ? std::string("-") : p.verified) : "");
     if (p.budget_batch > 0)
       s += fmt::format("{:<8}   within the budget: batch {} (peak {:.1f} MiB) at {:.0f} tokens/s\n", "", p.budget_batch,
@@ -166,7 +166,7 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                 {"overhead_interval", {p.overhead_ci.lo, p.overhead_ci.hi}},
                 {"overhead_interval_coverage", p.overhead_ci.coverage},
                 {"step_times_s", p.step_times},
-                {"overhead_bound", p.overhead_bound < 0 ? json(nullptr) : json(p.overhead_bound)},
+                {"overhead_expected", p.overhead_expected < 0 ? json(nullptr) : json(p.overhead_expected)},
                 {"losses", p.losses},
                 {"loss_divergence", p.loss_divergence}});
       if (p.budget_batch > 0)
@@ -222,7 +222,8 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
   // Data.
   std::string csv =
       "plan,impl,total_peak_bytes,saving,forward_kept_bytes,step_peak_bytes,params_bytes,grads_bytes,optimizer_bytes,"
-      "step_s,step_spread,forward_s,backward_s,optimizer_s,overhead,overhead_lo,overhead_hi,overhead_bound,tokens_per_"
+      "step_s,step_spread,forward_s,backward_s,optimizer_s,overhead,overhead_lo,overhead_hi,overhead_expected,tokens_"
+      "per_"
       "s,"
       "loss_divergence\n";
   auto quoted = [](const std::string& v) {
@@ -236,7 +237,7 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
           "{},{},{},{:.6f},{},{},{},{},{},{:.6f},{:.4f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.2f},{:.3e}\n",
           p.plan, quoted(p.impl), p.total_peak, p.saving, p.forward_kept, p.step_peak, p.params, p.grads, p.optimizer,
           p.step_s, p.spread, p.forward_s, p.backward_s, p.optimizer_s, p.overhead, p.overhead_ci.lo, p.overhead_ci.hi,
-          p.overhead_bound < 0 ? std::string() : fmt::format("{:.6f}", p.overhead_bound), p.tokens_per_s,
+          p.overhead_expected < 0 ? std::string() : fmt::format("{:.6f}", p.overhead_expected), p.tokens_per_s,
           p.loss_divergence);
   write_atomically(path("plans.csv"), csv);
   std::string losses = "plan,impl,step,loss\n";
@@ -332,7 +333,7 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
   md += "verified: the gate's verdict on generated Cases with the plan or strategy (`--verify-cases`).\n\n";
   md +=
       "| plan | impl | peak MiB | saving | kept MiB | step ms | spread | fwd ms | bwd ms | opt ms | overhead [95%] | "
-      "bound | "
+      "expected | "
       "tokens/s | save/ovh | loss dev | verified "
       "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const PlanBench& p : r.plans) {
@@ -345,7 +346,7 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
         "| {} | {} | {:.1f} | {} | {:.1f} | {:.1f} | {:.0f}% | {:.1f} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {} | "
         "{:.1e} | {} |\n",
         p.plan, tag, mib(p.total_peak), pct(p.saving), mib(p.forward_kept), 1e3 * p.step_s, 100.0 * p.spread,
-        1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s, overhead_text(p), bound_text(p), p.tokens_per_s,
+        1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.optimizer_s, overhead_text(p), expected_text(p), p.tokens_per_s,
         ratio_text(p), p.loss_divergence, p.verified.empty() ? "-" : p.verified);
   }
   if (!r.comparisons.empty()) {

@@ -410,7 +410,7 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
     PlanBench b = measured[r].bench;
     if (row.strategy >= 0) {
       b.plan = o.strategies[row.strategy].label;
-      b.overhead_bound = -1;  // which units it recomputes is the strategy's choice
+      b.overhead_expected = -1;  // which units it recomputes is the strategy's choice
     } else {
       if (row.impl >= 0) b.impl = bench_impls[row.impl].label;
       if (b.completed && row.plan != Plan{}) {
@@ -419,7 +419,7 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
           double t = 0.0;
           for (size_t u = 0; u < rec.size(); ++u)
             if (rec[u]) t += none.unit_forward[u];
-          b.overhead_bound = t / (none.bench.forward_s + none.bench.backward_s);
+          b.overhead_expected = t / (none.bench.forward_s + none.bench.backward_s);
         }
       }
     }

@@ -7,8 +7,9 @@
 //   - memory (memory.hpp, bytes on the Case's device): parameters, gradients, optimizer state, what
 //     the forward keeps for backward, the step's peak above its start, and the total peak;
 //   - time: forward, backward (recompute included) and optimizer, median over the repeats, with the
-//     spread; tokens/s; the recompute overhead against the no-checkpoint run, next to its bound
-//     T_fwd(recomputed units) / (T_fwd + T_bwd) measured on that run;
+//     spread; tokens/s; the recompute overhead against the no-checkpoint run, next to the overhead
+//     recomputing alone is expected to cost, T_fwd(recomputed units) / (T_fwd + T_bwd) measured on that
+//     run (an estimate, not a ceiling: an implementation may cost more, or less by overlapping);
 //   - the overhead as the median of the per-round ratios step(row) / step(none), with a
 //     distribution-free 95% confidence interval; with several implementations, each one's step time
 //     against the first one's on the same plan, likewise. Rounds go on past the minimum until every
@@ -82,7 +83,7 @@ struct PlanBench {
   std::vector<double> step_times;  // per timed round, seconds
   double overhead = 0.0;           // median over the rounds of step / step(none), minus 1
   Interval overhead_ci;            // its 95% interval (minus 1 too)
-  double overhead_bound = -1;      // -1: not computable for this plan (units differ from none's)
+  double overhead_expected = -1;   // -1: not computable for this plan (units differ from none's)
   std::vector<double> losses;      // per step (summed over micro-batches)
   double loss_divergence = 0.0;    // max over steps |loss - loss(none)| / max(|loss(none)|, 1e-12)
   int budget_batch = 0;            // largest batch within the budget (0: none fits, or no budget)
