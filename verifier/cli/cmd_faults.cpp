@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,8 @@ CLI::App* add_faults(CLI::App& app, FaultsArgs& a) {
   faults->add_option("--plugin", a.plugin,
                      "Load every fault from this faults plugin (libckverify_faults.so, fault=NAME) instead of "
                      "the built-in table: proves the plugin loader path");
+  faults->add_option("--fault", a.only, "Run only these faults (repeat, or a comma list; `ckverify list` names them)")
+      ->delimiter(',');
   return faults;
 }
 
@@ -35,6 +38,12 @@ void finish_faults(FaultsArgs& a) {
   a.gate = gate_options(a.jobs, a.case_timeout, "");
   check_count("--cases", a.cases, 1, kMaxSearchCases);
   check_time_budget(a.budget);
+  for (const std::string& name : a.only) {
+    const auto& all = known_impls();
+    const bool fault = std::any_of(all.begin(), all.end(),
+                                   [&](const auto& e) { return e.info.name == name && !e.info.killed_by.empty(); });
+    if (!fault) throw UsageError("--fault " + sanitize(name, 100) + ": not a fault (`ckverify list` names them)");
+  }
 }
 
 int run_faults(const FaultsArgs& a) {
@@ -59,6 +68,7 @@ int run_faults(const FaultsArgs& a) {
   for (const auto& e : known_impls()) {
     const ImplInfo& info = e.info;
     if (info.killed_by.empty()) continue;
+    if (!a.only.empty() && std::find(a.only.begin(), a.only.end(), info.name) == a.only.end()) continue;
     if (const std::string why = unobservable_here(info, device); !why.empty()) {
       std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", why.c_str());
       rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", why}});

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "verifier/cli/args.hpp"
 
@@ -17,6 +18,7 @@ namespace ckv::cli {
 struct FaultsArgs {
   int cases = 500, jobs = machine_cores();
   std::string seed_text = "1", device = "cpu", plugin;
+  std::vector<std::string> only;  // --fault: these faults alone (empty: every one)
   FileArg json;
   double budget = 120, case_timeout = 120;
   // From the above (finish_faults):
