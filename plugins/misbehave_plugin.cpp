@@ -9,8 +9,10 @@
 // standard output and error and carries on (flood), forks a process that leaves its process group
 // (setsid) and sleeps for five minutes holding the standard streams, and carries on (setsid), or hangs
 // in the first process to create the file `marker` (writing its pid there) and carries on in the others
-// (hangonce); before that it checkpoints nothing (runs the segment plainly, which is a correct,
-// memory-hungry "implementation").
+// (hangonce), starts a thread that writes to its standard output until the process ends (spew), stops
+// itself with SIGSTOP (stopself), or forks a daemon (a child that calls setsid and forks a grandchild
+// sleeping five minutes, then exits) and carries on (daemon); before that it checkpoints nothing (runs the segment
+// plainly, which is a correct, memory-hungry "implementation").
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +57,17 @@ class Misbehave : public ckv::CheckpointImpl {
         ::sleep(300);
         ::_exit(0);
       }
+      if (mode_ == "spew")
+        std::thread([] {
+          const std::string block(1 << 16, 'z');
+          for (;;) (void)!::write(STDOUT_FILENO, block.data(), block.size());
+        }).detach();
+      if (mode_ == "stopself") ::raise(SIGSTOP);
+      if (mode_ == "daemon" && ::fork() == 0) {
+        ::setsid();
+        if (::fork() == 0) ::sleep(300);
+        ::_exit(0);
+      }
       if (mode_ == "hangonce") {
         const int fd = ::open(marker_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
         if (fd >= 0) {
@@ -97,9 +110,10 @@ ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
   std::string mode = "segv", marker;
   int at = 1;
   for (const auto& [k, v] : o) {
-    if (k == "mode" && (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit" || v == "fork" ||
-                        v == "forkrun" || v == "forge" || v == "stdin" || v == "closefds" || v == "oom" ||
-                        v == "flood" || v == "setsid" || v == "hangonce"))
+    if (k == "mode" &&
+        (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit" || v == "fork" || v == "forkrun" ||
+         v == "forge" || v == "stdin" || v == "closefds" || v == "oom" || v == "flood" || v == "setsid" ||
+         v == "hangonce" || v == "spew" || v == "stopself" || v == "daemon"))
       mode = v;
     else if (k == "at")
       at = std::stoi(v);
@@ -108,7 +122,7 @@ ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
     else
       throw std::invalid_argument("unknown option " + k + "=" + v +
                                   " (mode=segv|abort|hang|throw|exit|fork|forkrun|forge|stdin|closefds|oom|flood|"
-                                  "setsid|hangonce, at=N, marker=PATH)");
+                                  "setsid|hangonce|spew|stopself|daemon, at=N, marker=PATH)");
   }
   if (mode == "hangonce" && marker.empty()) throw std::invalid_argument("mode=hangonce needs marker=PATH");
   return new Misbehave(mode, at, marker);

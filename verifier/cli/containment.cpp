@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -73,9 +75,10 @@ void OutputRelay::finish() {
     emit(tail_.data(), tail_.size());
     sent_ += tail_.size();
   } else {
-    // Start the tail at a line when there is one, so that the note stands on a line of its own.
+    // Start the tail at a line when one starts near its beginning (not after a long line without one,
+    // which would leave almost nothing of the tail).
     const size_t nl = tail_.find('\n');
-    if (nl != std::string::npos && nl + 1 < tail_.size()) dropped_ += nl + 1, tail_.erase(0, nl + 1);
+    if (nl != std::string::npos && nl < 4096 && nl + 1 < tail_.size()) dropped_ += nl + 1, tail_.erase(0, nl + 1);
     const std::string note = fmt::format(
         "\n[ckverify: the implementation's output passed {} bytes: {} bytes left out here; the last {} follow]\n",
         head_, dropped_, tail_.size());
@@ -85,6 +88,58 @@ void OutputRelay::finish() {
   tail_.clear();
   // What comes after a finish() is forwarded again up to the same limit.
   sent_ = 0, dropped_ = 0;
+}
+
+FdStreambuf::int_type FdStreambuf::overflow(int_type c) {
+  if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
+  const char ch = traits_type::to_char_type(c);
+  return xsputn(&ch, 1) == 1 ? c : traits_type::eof();
+}
+
+std::streamsize FdStreambuf::xsputn(const char* data, std::streamsize n) {
+  std::streamsize done = 0;
+  while (done < n) {
+    const ssize_t w = ::write(fd_, data + done, static_cast<size_t>(n - done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    done += w;
+  }
+  return done;
+}
+
+namespace {
+volatile std::sig_atomic_t stop_signal = 0;
+void on_stop_signal(int sig) {
+  stop_signal = sig;
+}
+}  // namespace
+
+StopSignals::StopSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;  // no SA_RESTART: a wait in poll() ends with EINTR
+  ::sigemptyset(&sa.sa_mask);
+  for (size_t k = 0; k < 3; ++k) {
+    ::sigaction(kSignals[k], &sa, &old_[k]);
+    if (old_[k].sa_handler == SIG_IGN) ::sigaction(kSignals[k], &old_[k], nullptr);  // nohup: still ignored
+  }
+}
+
+StopSignals::~StopSignals() {
+  for (size_t k = 0; k < 3; ++k) ::sigaction(kSignals[k], &old_[k], nullptr);
+}
+
+int StopSignals::pending() {
+  return stop_signal;
+}
+
+void StopSignals::die() {
+  const int sig = stop_signal;
+  if (sig == 0) return;
+  for (size_t k = 0; k < 3; ++k) ::sigaction(kSignals[k], &old_[k], nullptr);
+  std::fflush(nullptr);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+  std::_Exit(128 + sig);  // the signal is blocked or ignored by whoever started ckverify
 }
 
 void output_pipe(int fds[2]) {

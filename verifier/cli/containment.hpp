@@ -13,7 +13,10 @@
 
 #include <sys/types.h>
 
+#include <signal.h>
+
 #include <cstddef>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,37 @@ class OutputRelay {
   int to_;
   size_t head_, tail_limit_, sent_ = 0, dropped_ = 0;
   std::string tail_;
+};
+
+// An unbuffered stream buffer writing to a descriptor: the supervised child's std::cout and std::cerr,
+// so that ckverify's own output travels apart from the implementation's (supervise.hpp).
+class FdStreambuf : public std::streambuf {
+ public:
+  explicit FdStreambuf(int fd) : fd_(fd) {}
+
+ protected:
+  int_type overflow(int_type c) override;
+  std::streamsize xsputn(const char* data, std::streamsize n) override;
+
+ private:
+  int fd_;
+};
+
+// SIGINT, SIGTERM and SIGHUP while worker processes run: noted instead of ending ckverify at once, so
+// that the pool can kill its workers and what they set free before ckverify dies of the signal
+// (die(): 128 + the signal, as without the handler). Restores the previous handlers when destroyed.
+class StopSignals {
+ public:
+  StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  static int pending();  // the signal that came, or 0
+  void die();            // when one came: restore the previous handlers and die of it
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[3]{};
 };
 
 // A pipe for an implementation's output: {read end, write end}, both close-on-exec, above the

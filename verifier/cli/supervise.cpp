@@ -62,10 +62,14 @@ void on_foreign_load(const std::string& spec) {
   send("f" + s + "\n");
 }
 
-[[noreturn]] void child(int fd, int out, int err, const std::function<int()>& body) {
+[[noreturn]] void child(int fd, const int out[2], const int own[2], const std::function<int()>& body) {
   report_fd = fd;
-  // The command's output and the implementation's both go through the parent (containment.hpp).
-  ::dup2(out, STDOUT_FILENO), ::dup2(err, STDERR_FILENO);
+  // The implementation's output (descriptors 1 and 2: Python's print, printf, a process it starts) and
+  // the command's own (std::cout, std::cerr) go through the parent on pipes of their own, so that what
+  // the implementation prints, bounded there, never crowds out the command's verdict.
+  ::dup2(out[0], STDOUT_FILENO), ::dup2(out[1], STDERR_FILENO);
+  static FdStreambuf own_out(own[0]), own_err(own[1]);
+  std::cout.rdbuf(&own_out), std::cerr.rdbuf(&own_err), std::clog.rdbuf(&own_err);
   child_pid = ::getpid();
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -126,24 +130,31 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, 100);
     if (high >= 0) ::close(fd), fd = high;
   }
-  int out[2], err[2];
-  output_pipe(out);
-  output_pipe(err);
+  // The child's stdout and stderr: the implementation's (bounded) and the command's own (bounded only
+  // against a C++ implementation that writes through std::cout, far above what ckverify prints).
+  int pipes[4][2];
+  for (auto& p : pipes) output_pipe(p);
   become_subreaper();  // what the child forked and set free comes back here to be killed
   const pid_t pid = ::fork();
   if (pid < 0) {
-    for (int f : {fds[0], fds[1], out[0], out[1], err[0], err[1]}) ::close(f);
+    ::close(fds[0]), ::close(fds[1]);
+    for (auto& p : pipes) ::close(p[0]), ::close(p[1]);
     throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    ::close(fds[0]), ::close(out[0]), ::close(err[0]);
+    ::close(fds[0]);
+    for (auto& p : pipes) ::close(p[0]);
     if (!tmpdir.empty()) ::setenv("TMPDIR", tmpdir.c_str(), 1);
-    child(fds[1], out[1], err[1], body);
+    const int impl_out[2] = {pipes[0][1], pipes[1][1]}, own_out[2] = {pipes[2][1], pipes[3][1]};
+    child(fds[1], impl_out, own_out, body);
   }
-  ::close(fds[1]), ::close(out[1]), ::close(err[1]);
+  ::close(fds[1]);
+  for (auto& p : pipes) ::close(p[1]);
   std::signal(SIGPIPE, SIG_IGN);  // ckverify's own output closed early must not end the supervision
-  OutputRelay to_stdout(STDOUT_FILENO), to_stderr(STDERR_FILENO);
-  int out_fd = out[0], err_fd = err[0];
+  OutputRelay relays[4] = {OutputRelay(STDOUT_FILENO), OutputRelay(STDERR_FILENO),
+                           OutputRelay(STDOUT_FILENO, size_t{64} << 20, size_t{1} << 20),
+                           OutputRelay(STDERR_FILENO, size_t{64} << 20, size_t{1} << 20)};
+  int outs[4] = {pipes[0][0], pipes[1][0], pipes[2][0], pipes[3][0]};
   ::setpgid(pid, pid);  // also done by the child; whichever runs first
   struct sigaction sa {
   }, old_int{}, old_term{}, old_hup{};
@@ -161,13 +172,14 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   std::string buffer;
   int fd = fds[0];
   int status = 0;
-  Clock::time_point reported_at{};
+  Clock::time_point reported_at{}, forwarded_at{};
   for (;;) {
     // One wait over the report pipe and the child's output (poll skips a closed one: fd -1).
-    pollfd p[3] = {{fd, POLLIN, 0}, {out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
-    const int n = ::poll(p, 3, 100);
-    if (n > 0 && p[1].revents != 0 && !to_stdout.pump(out_fd)) ::close(out_fd), out_fd = -1;
-    if (n > 0 && p[2].revents != 0 && !to_stderr.pump(err_fd)) ::close(err_fd), err_fd = -1;
+    pollfd p[5] = {{fd, POLLIN, 0}};
+    for (int k = 0; k < 4; ++k) p[k + 1] = {outs[k], POLLIN, 0};
+    const int n = ::poll(p, 5, 100);
+    for (int k = 0; n > 0 && k < 4; ++k)
+      if (p[k + 1].revents != 0 && !relays[k].pump(outs[k])) ::close(outs[k]), outs[k] = -1;
     if (n > 0 && p[0].revents != 0) {
       char chunk[4096];
       const ssize_t got = ::read(fd, chunk, sizeof chunk);
@@ -201,7 +213,9 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     if (w == pid) break;
     if (forwarded_signal && !forwarded) {
       forwarded = forwarded_signal;
+      forwarded_at = Clock::now();
       ::kill(-pid, forwarded);
+      ::kill(-pid, SIGCONT);  // a stopped child (it stopped itself, or a debugger) takes the signal too
     }
     const auto now = Clock::now();
     // This process itself was stopped (SIGSTOP, a suspended job, a frozen container): the time it did
@@ -216,7 +230,7 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
         std::chrono::duration<double>(now - last_progress).count() > o.stall_timeout_s) {
       stalled = true;
     }
-    if (!killed_by_us && (stalled || lingering || (forwarded && now - last_progress > std::chrono::seconds(30)))) {
+    if (!killed_by_us && (stalled || lingering || (forwarded && now - forwarded_at > std::chrono::seconds(30)))) {
       killed_by_us = true;
       ::kill(-pid, SIGKILL);
       ::kill(pid, SIGKILL);
@@ -226,9 +240,10 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   ::kill(-pid, SIGKILL);  // whatever the implementation forked dies with the command
   kill_orphans({});       // and what it forked out of the group
   // The rest of the child's output, then the notes of what was left out, before the verdict.
-  for (int* f : {&out_fd, &err_fd})
-    if (*f >= 0) (f == &out_fd ? to_stdout : to_stderr).pump(*f), ::close(*f), *f = -1;
-  to_stdout.finish(), to_stderr.finish();
+  for (int k = 0; k < 4; ++k) {
+    if (outs[k] >= 0) relays[k].pump(outs[k]), ::close(outs[k]), outs[k] = -1;
+    relays[k].finish();
+  }
   ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr),
       ::sigaction(SIGHUP, &old_hup, nullptr);
 
@@ -238,8 +253,10 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   // make it.
   const bool ended_as_reported = reported >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == (reported & 0xff);
   const bool outlived_report = reported >= 0 && killed_by_us && !stalled && !forwarded;
-  if (ended_as_reported && forged.empty()) return reported;
+  // Interrupted (SIGINT, SIGTERM, SIGHUP): 128 + the signal, whatever the child made of it (Python turns
+  // SIGINT into a KeyboardInterrupt in the implementation, which is nobody's finding).
   if (forwarded) return 128 + forwarded;
+  if (ended_as_reported && forged.empty()) return reported;
   const std::string who =
       foreign.empty() ? "" : "the implementation " + sanitize(foreign.back(), 200) + " (loaded in this run)";
   std::string what;

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -277,15 +278,37 @@ std::string forged(const std::string& line) {
 }
 }  // namespace
 
+namespace {
+// The pools alive in this process (a search's own, and the fresh one that confirms a finding): every
+// one's workers are ckverify's children, which kill_orphans must leave alone.
+std::vector<WorkerPool*>& live_pools() {
+  static std::vector<WorkerPool*> pools;
+  return pools;
+}
+}  // namespace
+
 WorkerPool::WorkerPool(WorkerOptions o) : o_(std::move(o)), oom_at_start_(oom_kills()) {
   std::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take ckverify with it
   become_subreaper();             // what a worker forked and set free comes back here to be killed
   for (int i = 0; i < std::max(1, o_.workers); ++i) workers_.push_back(std::make_unique<Worker>());
+  live_pools().push_back(this);
 }
 
 WorkerPool::~WorkerPool() {
   for (auto& w : workers_) stop(*w);
   relay_.finish();
+  auto& pools = live_pools();
+  pools.erase(std::remove(pools.begin(), pools.end(), this), pools.end());
+  die_if_stopped();
+}
+
+void WorkerPool::die_if_stopped() {
+  if (!StopSignals::pending()) return;
+  for (WorkerPool* pool : live_pools()) {
+    for (auto& w : pool->workers_) pool->stop(*w);
+    pool->relay_.finish();
+  }
+  stop_signals_.die();
 }
 
 void WorkerPool::stop(Worker& w) {
@@ -303,8 +326,9 @@ void WorkerPool::stop(Worker& w) {
   w = Worker{};
   if (had_process) {  // processes the implementation forked out of the worker's group
     std::vector<pid_t> keep;
-    for (const auto& other : workers_)
-      if (other->pid > 0) keep.push_back(other->pid);
+    for (const WorkerPool* pool : live_pools())
+      for (const auto& other : pool->workers_)
+        if (other->pid > 0) keep.push_back(other->pid);
     kill_orphans(keep);
   }
 }
@@ -378,7 +402,10 @@ bool WorkerPool::start(Worker& w, Clock::time_point deadline) {
     const int ready = left <= 0 ? 0 : ::poll(p, w.err >= 0 ? 2 : 1, static_cast<int>(left));
     if (ready > 0 && p[1].revents != 0 && !relay_.pump(w.err)) ::close(w.err), w.err = -1;
     if (ready > 0 && p[0].revents == 0) continue;  // output only
-    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 && errno == EINTR) {
+      die_if_stopped();
+      continue;
+    }
     if (ready <= 0) {
       stop(w);
       if (until < limit) return false;  // the budget, not the load limit
@@ -447,8 +474,9 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
                   *oom - *oom_at_start_)
             : std::string("the kernel's out-of-memory killer under a memory limit, or a user");
     stop(w);
-    throw EnvironmentError("a worker process was killed by SIGKILL from outside ckverify (" + why + ") " + when +
-                           "; nothing was judged");
+    // (A SIGTERM to a worker ends the same way: the worker answers it by killing its own group.)
+    throw EnvironmentError("a worker process was killed by SIGKILL from outside ckverify (" + why +
+                           "; a SIGTERM to a worker ends it so too) " + when + "; nothing was judged");
   };
   // A worker that died with its Case: the implementation's finding, unless killed from outside.
   auto died = [&](Worker& w) {
@@ -469,6 +497,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
   };
   auto expected_wake = Clock::now();
   for (;;) {
+    die_if_stopped();
     for (auto& w : workers_) {
       if (w->task >= 0 || next >= cases.size() || Clock::now() >= deadline) continue;
       if (w->pid < 0 && !start(*w, deadline)) continue;  // the budget ran out while it loaded

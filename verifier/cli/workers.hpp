@@ -60,6 +60,8 @@ class WorkerPool {
   struct Worker;
   bool start(Worker& w, Clock::time_point deadline);  // false: the deadline came first
   void stop(Worker& w);
+  // SIGINT, SIGTERM or SIGHUP came: every pool's workers stopped, then ckverify dies of the signal.
+  void die_if_stopped();
   WorkerOptions o_;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t seq_ = 0;  // requests sent, numbering them
@@ -67,6 +69,7 @@ class WorkerPool {
   std::vector<std::pair<std::shared_ptr<const std::vector<Case>>, size_t>> placed_;
   std::optional<long> oom_at_start_;  // the cgroup's oom_kill count when the pool started
   OutputRelay relay_{2};              // the workers' standard output and error, bounded, to ckverify's stderr
+  StopSignals stop_signals_;
 };
 
 // `ckverify worker`: the loop a worker runs (started with the requests on fd 0, the answers on fd 3).

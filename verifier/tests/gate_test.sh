@@ -128,6 +128,30 @@ sv_case sv-setsid.json setsid
 [ "${PIPESTATUS[0]}" = 0 ] || { bad "train with a plugin that forks out of its group"; cat setsid.txt; }
 sleep 1
 pgrep -f "train sv-setsid.json" >/dev/null && { bad "a process forked out of its group outlived train"; pkill -9 -f "train sv-setsid.json"; }
+# The command's own output travels apart from the implementation's: a thread that writes to stdout
+# without end crowds out neither train's losses and digest nor bench's verdict.
+sv_case sv-spew.json spew
+expect 0 "train: a plugin thread writing without end" -- "$ck" train sv-spew.json
+grep -q "step 0 loss" out.txt && grep -q "digest" out.txt || { bad "train spew: its own output was lost"; tail -c 300 out.txt; }
+expect 0 "bench: a plugin thread writing without end" -- "$ck" bench sv-spew.json --impl "$mis:mode=spew" --plans block \
+  --warmup 0 --repeats 1 --max-repeats 1 --verify-cases 0
+grep -q "^PASS" out.txt || { bad "bench spew: no verdict"; tail -c 300 out.txt; }
+# An implementation that stops itself waits as under a debugger, but SIGTERM (a CI timeout) ends it: 143.
+sv_case sv-stop.json stopself
+"$ck" train sv-stop.json >/dev/null 2>&1 &
+pid=$!; sleep 4; kill -TERM $pid
+for k in $(seq 40); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+kill -0 $pid 2>/dev/null && { bad "train of a stopped plugin outlived SIGTERM"; kill -KILL $pid; }
+wait $pid; rc=$?
+[ $rc = 143 ] || bad "train of a stopped plugin after SIGTERM: exit $rc, not 143"
+# SIGTERM to ckverify (a CI timeout) kills its workers and what they set free (a daemon) before it dies,
+# mid-case (a Case of some seconds, the daemon started at its first segment call).
+"$ck" case layers=8 d=96 heads=4 seq=96 batch=4 steps=30 plan=every2 impl="$mis:mode=daemon" > daemon.json
+"$ck" repro daemon.json >/dev/null 2>&1 &
+pid=$!; sleep 5; kill -TERM $pid; wait $pid; rc=$?
+[ $rc = 143 ] || bad "repro after SIGTERM: exit $rc, not 143"
+sleep 1
+pgrep -f "$mis:mode=daemon" >/dev/null && { bad "a daemon the plugin started outlived SIGTERM of check"; pkill -9 -f "$mis:mode=daemon"; }
 # A worker killed from outside while it waits between cases is the environment's too (exit 2), found
 # when it is next given a case: the first worker hangs in its case (mode=hangonce) while the other one
 # runs the remaining cases and waits; that one is killed; the hang's timeout fails its case, and the

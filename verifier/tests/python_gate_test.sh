@@ -51,6 +51,12 @@ grep -q "keyword argument(s) colour" out.txt || { bad "unexpected kwarg"; cat ou
 # context_fn passes the default gate, side-effecting modules included; the same without marking the
 # recompute fails side-effect-once.
 export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
+# SIGINT to train (Ctrl-C): Python turns it into a KeyboardInterrupt inside the implementation, which is
+# nobody's finding: the command ends with 130, as without Python.
+"$ck" case layers=2 d=8 heads=2 steps=300 plan=block impl=py:ckverify_test_impls:slow_plain > slow.json
+"$ck" train slow.json >out.txt 2>err.txt &
+pid=$!; sleep 5; kill -INT $pid; wait $pid; rc=$?
+[ $rc = 130 ] || { bad "train interrupted with a Python implementation: exit $rc, not 130"; cat out.txt err.txt; }
 # What the processes that run an implementation leave in TMPDIR (torch's import leaves a directory per
 # process; this module leaves one per call) goes with the run, for every command that runs one.
 mkdir -p tmpd

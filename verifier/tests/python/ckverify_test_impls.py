@@ -10,7 +10,8 @@ Correct designs that are not torch's checkpoint as it is, and one wrong one:
   megatron_like       megatron-core's calling convention: (function, distribute_saved_activations, *args)
   forgets_recompute   recompute-aware in the forward only: marks the recompute as a first forward
 And two that raise, for the tracebacks in reports: raises_in_recompute (in backward), raises_in_forward;
-and stateful, correct for its first calls in a process only.
+stateful, correct for its first calls in a process only; and slow_plain, no checkpoint at all, 20 ms a
+call (for interrupting a run in the middle).
 """
 import tempfile
 
@@ -116,3 +117,10 @@ def stateful(segment, *args, after=40):
     _calls[0] += 1
     return tc.checkpoint(segment, *args, use_reentrant=False, context_fn=ckverify.recompute_aware_context,
                          preserve_rng_state=_calls[0] <= after)
+
+
+def slow_plain(segment, *args):
+    import time
+
+    time.sleep(0.02)
+    return segment(*args)
