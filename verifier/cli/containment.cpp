@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -90,21 +91,72 @@ void OutputRelay::finish() {
   sent_ = 0, dropped_ = 0;
 }
 
-FdStreambuf::int_type FdStreambuf::overflow(int_type c) {
+namespace {
+std::mutex& frame_writer() {
+  static std::mutex m;
+  return m;
+}
+bool write_fully(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w, n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+constexpr size_t kFrameHead = 5, kFrameMost = size_t{1} << 20;
+}  // namespace
+
+FramedStreambuf::int_type FramedStreambuf::overflow(int_type c) {
   if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
   const char ch = traits_type::to_char_type(c);
   return xsputn(&ch, 1) == 1 ? c : traits_type::eof();
 }
 
-std::streamsize FdStreambuf::xsputn(const char* data, std::streamsize n) {
-  std::streamsize done = 0;
-  while (done < n) {
-    const ssize_t w = ::write(fd_, data + done, static_cast<size_t>(n - done));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    done += w;
+std::streamsize FramedStreambuf::xsputn(const char* data, std::streamsize n) {
+  const std::lock_guard<std::mutex> one_writer(frame_writer());
+  for (std::streamsize done = 0; done < n;) {
+    const size_t len = std::min(static_cast<size_t>(n - done), kFrameMost);
+    char head[kFrameHead] = {stream_};
+    for (int k = 0; k < 4; ++k) head[1 + k] = static_cast<char>((len >> (8 * k)) & 0xff);
+    if (!write_fully(fd_, head, kFrameHead) || !write_fully(fd_, data + done, len)) return done;
+    done += static_cast<std::streamsize>(len);
   }
-  return done;
+  return n;
+}
+
+bool FrameReader::pump(int fd, OutputRelay& out, OutputRelay& err) {
+  char chunk[65536];
+  bool open = true;
+  for (size_t got = 0; got < (size_t{4} << 20);) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n <= 0) {
+      open = false;
+      break;
+    }
+    buffer_.append(chunk, static_cast<size_t>(n));
+    got += static_cast<size_t>(n);
+  }
+  size_t at = 0;
+  while (buffer_.size() - at >= kFrameHead) {
+    const char stream = buffer_[at];
+    size_t len = 0;
+    for (int k = 0; k < 4; ++k) len |= static_cast<size_t>(static_cast<unsigned char>(buffer_[at + 1 + k])) << (8 * k);
+    if ((stream != 'o' && stream != 'e') || len > kFrameMost) {  // not a frame: passed on as it is
+      out.write(buffer_.data() + at, buffer_.size() - at);
+      at = buffer_.size();
+      break;
+    }
+    if (buffer_.size() - at - kFrameHead < len) break;  // the rest of the frame is still coming
+    (stream == 'o' ? out : err).write(buffer_.data() + at + kFrameHead, len);
+    at += kFrameHead + len;
+  }
+  buffer_.erase(0, at);
+  if (!open && !buffer_.empty()) out.write(buffer_.data(), buffer_.size()), buffer_.clear();
+  return open;
 }
 
 namespace {

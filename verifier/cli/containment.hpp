@@ -47,11 +47,12 @@ class OutputRelay {
   std::string tail_;
 };
 
-// An unbuffered stream buffer writing to a descriptor: the supervised child's std::cout and std::cerr,
-// so that ckverify's own output travels apart from the implementation's (supervise.hpp).
-class FdStreambuf : public std::streambuf {
+// The supervised child's std::cout and std::cerr (supervise.hpp): unbuffered, both on one pipe, each
+// write a frame (the stream, 'o' or 'e', a 4-byte length, the bytes; one writer at a time), so that
+// ckverify's own output travels apart from the implementation's and in the order it was written.
+class FramedStreambuf : public std::streambuf {
  public:
-  explicit FdStreambuf(int fd) : fd_(fd) {}
+  FramedStreambuf(int fd, char stream) : fd_(fd), stream_(stream) {}
 
  protected:
   int_type overflow(int_type c) override;
@@ -59,6 +60,18 @@ class FdStreambuf : public std::streambuf {
 
  private:
   int fd_;
+  char stream_;
+};
+
+// The parent's side: reads what the non-blocking descriptor has (false at its end) and passes each
+// frame's bytes to `out` or `err`. Bytes that are no frame (something else wrote on the pipe) go to
+// `out` as they are.
+class FrameReader {
+ public:
+  bool pump(int fd, OutputRelay& out, OutputRelay& err);
+
+ private:
+  std::string buffer_;
 };
 
 // SIGINT, SIGTERM and SIGHUP while worker processes run: noted instead of ending ckverify at once, so

@@ -62,13 +62,13 @@ void on_foreign_load(const std::string& spec) {
   send("f" + s + "\n");
 }
 
-[[noreturn]] void child(int fd, const int out[2], const int own[2], const std::function<int()>& body) {
+[[noreturn]] void child(int fd, const int out[2], int own, const std::function<int()>& body) {
   report_fd = fd;
   // The implementation's output (descriptors 1 and 2: Python's print, printf, a process it starts) and
   // the command's own (std::cout, std::cerr) go through the parent on pipes of their own, so that what
   // the implementation prints, bounded there, never crowds out the command's verdict.
   ::dup2(out[0], STDOUT_FILENO), ::dup2(out[1], STDERR_FILENO);
-  static FdStreambuf own_out(own[0]), own_err(own[1]);
+  static FramedStreambuf own_out(own, 'o'), own_err(own, 'e');
   std::cout.rdbuf(&own_out), std::cerr.rdbuf(&own_err), std::clog.rdbuf(&own_err);
   child_pid = ::getpid();
   ::setpgid(0, 0);
@@ -130,9 +130,10 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, 100);
     if (high >= 0) ::close(fd), fd = high;
   }
-  // The child's stdout and stderr: the implementation's (bounded) and the command's own (bounded only
-  // against a C++ implementation that writes through std::cout, far above what ckverify prints).
-  int pipes[4][2];
+  // The child's stdout and stderr (the implementation's, bounded) and the command's own, framed on one
+  // pipe (bounded only against a C++ implementation that writes through std::cout, far above what
+  // ckverify prints).
+  int pipes[3][2];
   for (auto& p : pipes) output_pipe(p);
   become_subreaper();  // what the child forked and set free comes back here to be killed
   const pid_t pid = ::fork();
@@ -145,8 +146,8 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     ::close(fds[0]);
     for (auto& p : pipes) ::close(p[0]);
     if (!tmpdir.empty()) ::setenv("TMPDIR", tmpdir.c_str(), 1);
-    const int impl_out[2] = {pipes[0][1], pipes[1][1]}, own_out[2] = {pipes[2][1], pipes[3][1]};
-    child(fds[1], impl_out, own_out, body);
+    const int impl_out[2] = {pipes[0][1], pipes[1][1]};
+    child(fds[1], impl_out, pipes[2][1], body);
   }
   ::close(fds[1]);
   for (auto& p : pipes) ::close(p[1]);
@@ -154,7 +155,9 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   OutputRelay relays[4] = {OutputRelay(STDOUT_FILENO), OutputRelay(STDERR_FILENO),
                            OutputRelay(STDOUT_FILENO, size_t{64} << 20, size_t{1} << 20),
                            OutputRelay(STDERR_FILENO, size_t{64} << 20, size_t{1} << 20)};
-  int outs[4] = {pipes[0][0], pipes[1][0], pipes[2][0], pipes[3][0]};
+  int outs[3] = {pipes[0][0], pipes[1][0], pipes[2][0]};
+  FrameReader own;
+  auto pump = [&](int k) { return k < 2 ? relays[k].pump(outs[k]) : own.pump(outs[k], relays[2], relays[3]); };
   ::setpgid(pid, pid);  // also done by the child; whichever runs first
   struct sigaction sa {
   }, old_int{}, old_term{}, old_hup{};
@@ -175,11 +178,11 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   Clock::time_point reported_at{}, forwarded_at{};
   for (;;) {
     // One wait over the report pipe and the child's output (poll skips a closed one: fd -1).
-    pollfd p[5] = {{fd, POLLIN, 0}};
-    for (int k = 0; k < 4; ++k) p[k + 1] = {outs[k], POLLIN, 0};
-    const int n = ::poll(p, 5, 100);
-    for (int k = 0; n > 0 && k < 4; ++k)
-      if (p[k + 1].revents != 0 && !relays[k].pump(outs[k])) ::close(outs[k]), outs[k] = -1;
+    pollfd p[4] = {{fd, POLLIN, 0}};
+    for (int k = 0; k < 3; ++k) p[k + 1] = {outs[k], POLLIN, 0};
+    const int n = ::poll(p, 4, 100);
+    for (int k = 0; n > 0 && k < 3; ++k)
+      if (p[k + 1].revents != 0 && !pump(k)) ::close(outs[k]), outs[k] = -1;
     if (n > 0 && p[0].revents != 0) {
       char chunk[4096];
       const ssize_t got = ::read(fd, chunk, sizeof chunk);
@@ -240,10 +243,9 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   ::kill(-pid, SIGKILL);  // whatever the implementation forked dies with the command
   kill_orphans({});       // and what it forked out of the group
   // The rest of the child's output, then the notes of what was left out, before the verdict.
-  for (int k = 0; k < 4; ++k) {
-    if (outs[k] >= 0) relays[k].pump(outs[k]), ::close(outs[k]), outs[k] = -1;
-    relays[k].finish();
-  }
+  for (int k = 0; k < 3; ++k)
+    if (outs[k] >= 0) pump(k), ::close(outs[k]), outs[k] = -1;
+  for (auto& r : relays) r.finish();
   ::sigaction(SIGINT, &old_int, nullptr), ::sigaction(SIGTERM, &old_term, nullptr),
       ::sigaction(SIGHUP, &old_hup, nullptr);
 
