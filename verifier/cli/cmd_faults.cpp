@@ -39,10 +39,9 @@ void finish_faults(FaultsArgs& a) {
   check_count("--cases", a.cases, 1, kMaxSearchCases);
   check_time_budget(a.budget);
   for (const std::string& name : a.only) {
-    const auto& all = known_impls();
-    const bool fault = std::any_of(all.begin(), all.end(),
-                                   [&](const auto& e) { return e.info.name == name && !e.info.killed_by.empty(); });
-    if (!fault) throw UsageError("--fault " + sanitize(name, 100) + ": not a fault (`ckverify list` names them)");
+    const ImplInfo* info = find_impl(name);
+    if (info == nullptr || info->killed_by.empty())
+      throw UsageError("--fault " + sanitize(name, 100) + ": not a fault (`ckverify list` names them)");
   }
 }
 

@@ -30,13 +30,18 @@ OutputRelay::~OutputRelay() {
   finish();
 }
 
-void OutputRelay::emit(const char* data, size_t n) const {
+bool write_all(int fd, const char* data, size_t n) {
   while (n > 0) {
-    const ssize_t w = ::write(to_, data, n);
+    const ssize_t w = ::write(fd, data, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;  // ckverify's own output is gone (a closed pipe): nothing more to do here
+    if (w <= 0) return false;
     data += w, n -= static_cast<size_t>(w);
   }
+  return true;
+}
+
+void OutputRelay::emit(const char* data, size_t n) const {
+  (void)write_all(to_, data, n);  // false: ckverify's own output is gone (a closed pipe), nothing to do
 }
 
 void OutputRelay::write(const char* data, size_t n) {
@@ -96,15 +101,6 @@ std::mutex& frame_writer() {
   static std::mutex m;
   return m;
 }
-bool write_fully(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    data += w, n -= static_cast<size_t>(w);
-  }
-  return true;
-}
 constexpr size_t kFrameHead = 5, kFrameMost = size_t{1} << 20;
 }  // namespace
 
@@ -120,7 +116,7 @@ std::streamsize FramedStreambuf::xsputn(const char* data, std::streamsize n) {
     const size_t len = std::min(static_cast<size_t>(n - done), kFrameMost);
     char head[kFrameHead] = {stream_};
     for (int k = 0; k < 4; ++k) head[1 + k] = static_cast<char>((len >> (8 * k)) & 0xff);
-    if (!write_fully(fd_, head, kFrameHead) || !write_fully(fd_, data + done, len)) return done;
+    if (!write_all(fd_, head, kFrameHead) || !write_all(fd_, data + done, len)) return done;
     done += static_cast<std::streamsize>(len);
   }
   return n;
@@ -194,7 +190,7 @@ void StopSignals::die() {
   std::_Exit(128 + sig);  // the signal is blocked or ignored by whoever started ckverify
 }
 
-void output_pipe(int fds[2]) {
+void cloexec_pipe(int fds[2]) {
   int raw[2];
   if (::pipe2(raw, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   for (int k = 0; k < 2; ++k) {
@@ -205,6 +201,10 @@ void output_pipe(int fds[2]) {
       throw std::runtime_error(std::string("fcntl: ") + std::strerror(errno));
     }
   }
+}
+
+void output_pipe(int fds[2]) {
+  cloexec_pipe(fds);
   ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
 }
 

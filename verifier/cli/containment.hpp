@@ -38,7 +38,6 @@ class OutputRelay {
   // is at end of file or broken.
   bool pump(int fd, size_t most = size_t{4} << 20);
   void finish();  // idempotent; the relay can go on afterwards
-  size_t left_out() const { return dropped_; }
 
  private:
   void emit(const char* data, size_t n) const;
@@ -90,6 +89,15 @@ class StopSignals {
   static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
   struct sigaction old_[3]{};
 };
+
+// Writes all of `data` (retrying short writes and EINTR); false when the descriptor fails.
+bool write_all(int fd, const char* data, size_t n);
+inline bool write_all(int fd, const std::string& s) {
+  return write_all(fd, s.data(), s.size());
+}
+
+// A pipe {read end, write end}, both close-on-exec, above the standard descriptors and fd 3.
+void cloexec_pipe(int fds[2]);
 
 // A pipe for an implementation's output: {read end, write end}, both close-on-exec, above the
 // standard descriptors; the read end non-blocking.

@@ -38,13 +38,8 @@ pid_t child_pid = -1;
 
 void send(std::string line) {
   if (::getpid() != child_pid) return;  // a copy the implementation forked: never the child's word
-  line = token + " " + line;
-  for (size_t done = 0; done < line.size();) {
-    const ssize_t n = ::write(report_fd, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the parent is gone; PR_SET_PDEATHSIG ends this process
-    done += static_cast<size_t>(n);
-  }
+  // false: the parent is gone; PR_SET_PDEATHSIG ends this process
+  (void)write_all(report_fd, token + " " + line);
 }
 
 void on_progress() {

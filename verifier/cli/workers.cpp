@@ -36,29 +36,6 @@ namespace ckv::cli {
 namespace {
 using nlohmann::json;
 
-// Pipe ends above the standard descriptors and fd 3, close-on-exec (the spawn's dup2 clears it on the
-// copies the worker keeps).
-void make_pipe(int fds[2]) {
-  int raw[2];
-  if (::pipe2(raw, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  for (int k = 0; k < 2; ++k) {
-    fds[k] = ::fcntl(raw[k], F_DUPFD_CLOEXEC, 10);
-    ::close(raw[k]);
-    if (fds[k] < 0) throw std::runtime_error(std::string("fcntl: ") + std::strerror(errno));
-  }
-}
-
-bool write_all(int fd, const std::string& s) {
-  size_t done = 0;
-  while (done < s.size()) {
-    const ssize_t n = ::write(fd, s.data() + done, s.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
@@ -336,8 +313,8 @@ void WorkerPool::stop(Worker& w) {
 bool WorkerPool::start(Worker& w, Clock::time_point deadline) {
   static const std::string exe = self_exe();
   int req[2], ans[2], err[2];
-  make_pipe(req);
-  make_pipe(ans);
+  cloexec_pipe(req);
+  cloexec_pipe(ans);
   output_pipe(err);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);

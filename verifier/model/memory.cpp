@@ -68,12 +68,6 @@ Ledger& ledger() {
   return *l;
 }
 
-// Whether ReportingCpuAllocator is LibTorch's CPU allocator (then it, not the Reporter, reports CPU).
-std::atomic<bool>& cpu_allocator_wrapped() {
-  static std::atomic<bool> wrapped{false};
-  return wrapped;
-}
-
 // LibTorch's profiler hook is thread-local: it reaches the thread that installed it and the autograd
 // threads of the backward passes started there, but not a thread the implementation starts itself
 // (a recompute run on a std::thread, a Python thread, an intra-op worker). So on CPU, where every
@@ -83,13 +77,14 @@ std::atomic<bool>& cpu_allocator_wrapped() {
 // working) and swaps only the deleter for one that reports the free, then calls the inner deleter.
 class ReportingCpuAllocator final : public c10::Allocator {
  public:
-  static bool install() {
+  static void install() {
     c10::Allocator* inner = c10::GetCPUAllocator();
-    if (inner == nullptr || inner->raw_deleter() == nullptr) return false;  // nothing we can wrap
-    static ReportingCpuAllocator* self = new ReportingCpuAllocator(inner);  // never destroyed
-    c10::SetCPUAllocator(self, /*priority=*/1);                             // above LibTorch's default (0)
-    return c10::GetCPUAllocator() == self;
+    if (inner == nullptr || inner->raw_deleter() == nullptr) return;  // nothing we can wrap
+    self_ = new ReportingCpuAllocator(inner);                         // never destroyed
+    c10::SetCPUAllocator(self_, /*priority=*/1);                      // above LibTorch's default (0)
   }
+  // Whether it is LibTorch's CPU allocator now (then it, not the Reporter, reports CPU).
+  static bool active() { return self_ != nullptr && c10::GetCPUAllocator() == self_; }
   c10::DataPtr allocate(size_t n) CKV_ALLOCATE_CONST override {
     c10::DataPtr d = inner_->allocate(n);
     void* p = d.get();
@@ -115,6 +110,7 @@ class ReportingCpuAllocator final : public c10::Allocator {
   }
   c10::Allocator* inner_;
   static inline c10::DeleterFnPtr inner_deleter_ = nullptr;  // set once, before the first allocation
+  static inline ReportingCpuAllocator* self_ = nullptr;
 };
 
 // LibTorch reads the PROFILER_STATE slot two ways: the allocators dynamic_cast it to
@@ -130,7 +126,7 @@ class Reporter : public torch::profiler::impl::ProfilerStateBase {
   }
   void reportMemoryUsage(void* ptr, int64_t alloc_size, compat::MemoryTotal, compat::MemoryTotal,
                          c10::Device device) override {
-    if (device.is_cpu() && cpu_allocator_wrapped().load()) return;  // ReportingCpuAllocator has it
+    if (device.is_cpu() && ReportingCpuAllocator::active()) return;  // it has reported this one
     ledger().report(ptr, alloc_size, device);
   }
   bool memoryProfilingEnabled() const override { return true; }
@@ -155,8 +151,8 @@ struct MemoryReporting::Guard {
 #endif
 };
 MemoryReporting::MemoryReporting() {
-  static const bool wrapped = ReportingCpuAllocator::install();
-  cpu_allocator_wrapped().store(wrapped);
+  static const bool installed = (ReportingCpuAllocator::install(), true);
+  (void)installed;
   guard_ = std::make_unique<Guard>();
   ledger().reporting.fetch_add(1);
 }
