@@ -148,10 +148,15 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
       gen::set(&Case::seqvar, pick(0, 0, 0, 1, 2)));
   // The deep shape first: RapidCheck shrinks a pair's first element first, so a deep failing Case is
   // tried small (and shallower) before any of its other fields.
-  return gen::map(gen::pair(gen_deep(), shallow), [o](std::pair<DeepShape, Case> dc) {
-    Case c = std::move(dc.second);
-    apply_deep(dc.first, c);
-    if (c.gp > 0.0) c.input_frozen = false;  // the penalty is on dloss/dx
+  // Model fields added later come after the Case, for the same reason.
+  const auto segout = pick(SegOut::plain, SegOut::plain, SegOut::plain, SegOut::plain, SegOut::plain, SegOut::plain,
+                           SegOut::plain, SegOut::plain, SegOut::alias, SegOut::view);
+  return gen::map(gen::tuple(gen_deep(), shallow, segout), [o](std::tuple<DeepShape, Case, SegOut> dc) {
+    Case c = std::move(std::get<1>(dc));
+    apply_deep(std::get<0>(dc), c);
+    c.model.segout = std::get<2>(dc);
+    if (c.model.tie == Tie::head) c.model.segout = SegOut::plain;  // no hidden-state input to carry (case.cpp)
+    if (c.gp > 0.0) c.input_frozen = false;                        // the penalty is on dloss/dx
 #if !CKV_TORCH_AT_LEAST(2, 0)
     // LibTorch 1.13's CPU autocast cannot run a tied head in bf16 (check_environment).
     if (c.device == "cpu" && c.model.tie == Tie::head && c.precision == Precision::bf16) c.model.tie = Tie::none;
@@ -168,6 +173,7 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
     if (o.strategy) {
       c.model.key_padding = false, c.model.aux_weight = 0.0;  // segio=single
       if (c.model.tie == Tie::head) c.model.tie = Tie::none;
+      c.model.segout = SegOut::plain;  // blocks over the hidden state alone
     }
     // The in-place experiment's details only where it runs; the key mask only where segments receive one.
     c.inplace_micro %= c.micro;

@@ -21,6 +21,13 @@ enum class LossKind { cross_entropy, mse };
 // head weight (vocab, d_model) is also the input projection, x (B,T,vocab) -> x @ head.weight (B,T,D),
 // which runs at the start of the first segment (GPT-2's tied embedding, made differentiable).
 enum class Tie { none, blocks, head };
+// A tensor carried through every segment untouched: each segment receives the block-stack input x as
+// one more argument and returns it as one more output, the same tensor (alias) or a view of it (view),
+// and the stack's output is h + kSkipScale * x (a long skip from the stack input to the final norm).
+// The values are plan independent; what it creates is a segment output that aliases a segment input,
+// through which gradient reaches x (plain: none).
+enum class SegOut { plain, alias, view };
+inline constexpr double kSkipScale = 0.5;
 
 // The dropout sites of one block, in forward order. The reference never draws masks; the caller
 // passes the mask drawn at each site (verifier/dropout_tap.hpp records them on the LibTorch side).
@@ -49,6 +56,7 @@ struct ModelConfig {
   // Side-effecting modules after every block's FFN half (a bit set of Effect): they are what a
   // checkpoint must apply once although it runs the forward twice.
   unsigned effects = 0;
+  SegOut segout = SegOut::plain;
   bool has(unsigned effect) const { return (effects & effect) != 0; }
 
   int head_dim() const { return d_model / heads; }
@@ -93,6 +101,8 @@ inline constexpr EnumNames<Activation, 4> kActivationNames{{{Activation::relu, "
                                                             {Activation::swiglu, "swiglu"}}};
 inline constexpr EnumNames<LossKind, 2> kLossNames{{{LossKind::cross_entropy, "ce"}, {LossKind::mse, "mse"}}};
 inline constexpr EnumNames<Tie, 3> kTieNames{{{Tie::none, "none"}, {Tie::blocks, "blocks"}, {Tie::head, "head"}}};
+inline constexpr EnumNames<SegOut, 3> kSegOutNames{
+    {{SegOut::plain, "plain"}, {SegOut::alias, "alias"}, {SegOut::view, "view"}}};
 
 // Enum names: the only spelling used in Case lines, JSON and error messages.
 std::string_view to_string(NormKind v);

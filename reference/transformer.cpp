@@ -438,6 +438,7 @@ struct Model {
       if (c.aux_weight != 0.0) aux += aux_coeff * h.squaredNorm();
       fw.layer_out.push_back(h);
     }
+    if (c.segout != SegOut::plain) h += static_cast<S>(kSkipScale) * fw.x;  // the carried skip (config.hpp)
     fw.final_in = h;
     fw.head_in = norm_forward(fw.final_norm, h, "norm_f");
     fw.logits = linear_forward(fw.head_in, "head");
@@ -477,12 +478,14 @@ struct Model {
     Mat dh = Mat::Zero(fw.final_in.rows(), fw.final_in.cols());
     norm_backward(dh, dhead_in, fw.final_norm, "norm_f");
     const S aux_grad = S(2) * static_cast<S>(c.aux_weight) / static_cast<S>(N * c.d_model) * loss_scale;
+    const Mat dskip = c.segout != SegOut::plain ? Mat(static_cast<S>(kSkipScale) * dh) : Mat();
     for (int l = c.layers - 1; l >= 0; --l) {
       const auto& lc = fw.layers[static_cast<size_t>(l)];
       if (c.aux_weight != 0.0) dh += aux_grad * fw.layer_out[static_cast<size_t>(l)];
       dh = sub_backward(effects_backward(lc, dh, l), lc.ffn, Sub::ffn, l);
       if (c.attention) dh = sub_backward(dh, lc.attn, Sub::attn, l);
     }
+    if (c.segout != SegOut::plain) dh += dskip;  // the skip reaches x as it is (tie=head has none)
     if (c.tie != Tie::head) return dh;
     const Mat& W = p.at("head.weight");  // (V, D); h0 = x W
     g->at("head.weight") += fw.x.transpose() * dh;
@@ -494,6 +497,8 @@ void check_inputs(const ModelConfig& c, const ParamSet& p, const CaseData& d, co
   if (c.heads <= 0 || c.d_model % c.heads != 0) throw std::invalid_argument("reference: heads must divide d_model");
   if (d.x.size() != static_cast<size_t>(d.batch) * static_cast<size_t>(d.seq) * static_cast<size_t>(c.input_width()))
     throw std::invalid_argument("reference: x has the wrong size for (batch, seq, input width)");
+  if (c.segout != SegOut::plain && c.tie == Tie::head)
+    throw std::invalid_argument("reference: a carried skip needs the stack input at d_model (not tie=head)");
   if (!dm.masks.empty() && dm.masks.size() != static_cast<size_t>(c.layers))
     throw std::invalid_argument("reference: dropout masks must be given for every layer or none");
   if (!dm.relu.empty() && dm.relu.size() != static_cast<size_t>(c.layers))

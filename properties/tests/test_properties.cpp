@@ -218,6 +218,8 @@ const FaultDemo kDemos[] = {
     {"rng-ring-32", "layers=12 micro=3 sched=ffbb", "layers=12 micro=2 sched=ffbb"},  // 36 / 24 calls waiting
     // Micro-batch 1 is one token shorter: padded back to micro-batch 0's length, its keys include a zero row.
     {"static-shape-pad", "micro=2 seqvar=1 attn=bidir", "micro=2 attn=bidir"},
+    // A view of the input has a grad_fn in the recompute: only the output that is the input itself is lost.
+    {"leaf-output-dropped", "segout=alias", "segout=view"},
 };
 
 Case demo_case(const std::string& keys, const std::string& impl) {

@@ -88,6 +88,7 @@ struct Feature {
   double aux;
   NormPlacement placement;
   unsigned effects = 0;
+  SegOut segout = SegOut::plain;
 };
 class FeatureFiniteDifference : public ::testing::TestWithParam<Feature> {};
 TEST_P(FeatureFiniteDifference, EveryGradientMatchesCentralDifferences) {
@@ -98,6 +99,7 @@ TEST_P(FeatureFiniteDifference, EveryGradientMatchesCentralDifferences) {
   c.aux_weight = GetParam().aux;
   c.placement = GetParam().placement;
   c.effects = GetParam().effects;
+  c.segout = GetParam().segout;
   Fixture f = make_fixture(c);
   if (c.has(kNoise)) {  // the noise module's eps, as LibTorch's first forward would have drawn them
     SplitMix64 rng(99);
@@ -119,7 +121,9 @@ INSTANTIATE_TEST_SUITE_P(Features, FeatureFiniteDifference,
                                            Feature{"all", Tie::head, true, 0.01, NormPlacement::post},
                                            Feature{"batchnorm", Tie::none, false, 0.0, NormPlacement::pre, kBatchNorm},
                                            Feature{"effects_tied", Tie::blocks, false, 0.0, NormPlacement::post,
-                                                   kBatchNorm | kNoise | kCache | kCounter}),
+                                                   kBatchNorm | kNoise | kCache | kCounter},
+                                           Feature{"carried_skip", Tie::blocks, true, 0.01, NormPlacement::pre, 0,
+                                                   SegOut::alias}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 TEST(Features, TiedBlocksShareOneParameterSet) {
@@ -151,6 +155,26 @@ TEST(Features, PaddedKeysDoNotReachAnyQuery) {
       const size_t i = static_cast<size_t>((b * T + t) * D + k);
       EXPECT_EQ(moved.layer_out[0][i], base.layer_out[0][i]) << "t=" << t;
     }
+}
+
+// The carried skip is in the forward (finite differences alone would pass a reference that left it out of
+// both passes): the logits move by the head of kSkipScale * x, and every layer output stays as it was.
+TEST(Features, CarriedSkipAddsTheStackInputBeforeTheFinalNorm) {
+  ModelConfig c = small_config();
+  const Fixture f = make_fixture(c);
+  const auto plain = reference_forward_backward(c, f.params, f.data, f.masks);
+  for (SegOut out : {SegOut::alias, SegOut::view}) {
+    c.segout = out;
+    const auto skip = reference_forward_backward(c, f.params, f.data, f.masks);
+    EXPECT_EQ(skip.layer_out, plain.layer_out);
+    EXPECT_NE(skip.logits, plain.logits);
+    EXPECT_NE(skip.dx, plain.dx);
+  }
+  ModelConfig tied = small_config();
+  tied.tie = Tie::head;
+  const Fixture t = make_fixture(tied);
+  tied.segout = SegOut::alias;  // x is (B,T,vocab) there: nothing to add to the stack output
+  EXPECT_THROW(reference_forward_backward(tied, t.params, t.data, t.masks), std::invalid_argument);
 }
 
 TEST(Features, Fp32EvaluationIsCloseToFp64) {

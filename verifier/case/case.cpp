@@ -61,6 +61,7 @@ constexpr const Names<NormPlacement, 2>& kPos = kPlacementNames;
 constexpr const Names<Activation, 4>& kAct = kActivationNames;
 constexpr const Names<LossKind, 2>& kLoss = kLossNames;
 constexpr const Names<Tie, 3>& kTie = kTieNames;
+constexpr const Names<SegOut, 3>& kSegOut = kSegOutNames;
 constexpr std::array<std::pair<unsigned, std::string_view>, 6> kEffects{{{kCounter, "counter"},
                                                                          {kLog, "log"},
                                                                          {kBatchNorm, "bn"},
@@ -342,6 +343,11 @@ const std::vector<Field>& fields() {
     t.push_back(enum_field(
         "segin", "a segment's hidden-state input: as produced, or a non-contiguous view with a storage offset", kSegIn,
         [](Case& c) -> SegIn& { return c.segin; }, false));
+    t.push_back(enum_field(
+        "segout",
+        "a tensor every segment returns unchanged: none, the stack input itself, or a view of it (outputs that alias "
+        "inputs; the stack output gains 0.5 x)",
+        kSegOut, [](Case& c) -> SegOut& { return c.model.segout; }, false));
     t.push_back(enum_field("prec", "precision: fp32, or the forward under bf16 / fp16 autocast", kPrec,
                            [](Case& c) -> Precision& { return c.precision; }));
     {
@@ -554,6 +560,9 @@ void validate(const Case& c) {
   if (const std::string e = c.plan.invalid_for(m.layers); !e.empty()) fail(e);
   if (c.gp > 0.0 && c.input_frozen)
     fail("gp=" + shortest(c.gp) + " needs input=trainable (the penalty is on dloss/dx)");
+  if (m.segout != SegOut::plain && m.tie == Tie::head)
+    fail("segout=" + std::string(name_of(kSegOut, m.segout)) +
+         " needs tie=none or tie=blocks (under tie=head the stack input is (B,T,vocab), no hidden state to carry)");
   if (m.key_padding != (m.aux_weight > 0.0)) fail("segio: key padding and the aux loss come together (segio=multi)");
   if (c.resume > 0 && c.resume >= c.steps * c.micro)
     fail("resume=" + std::to_string(c.resume) + " must be below steps x micro=" + std::to_string(c.steps * c.micro) +

@@ -70,6 +70,8 @@ void check_strategy_case(const Case& c) {
     need = "plan=block (one segment per block)";
   else if (c.segio() != SegIO::single)
     need = "segio=single (blocks over the hidden state alone)";
+  else if (c.model.segout != SegOut::plain)
+    need = "segout=plain (blocks over the hidden state alone)";
   else if (c.model.tie == Tie::head)
     need = "tie=none or tie=blocks (the tied input projection is no block)";
   if (!need.empty())

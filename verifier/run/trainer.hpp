@@ -476,6 +476,7 @@ class Trainer {
           h = model_.run_unit(u, h, {});
           note_unit();
         }
+        if (c_.model.segout != SegOut::plain) return {h, carried(args.at(1).toTensor())};
         return {h};
       }
       torch::Tensor h = segment_input(args.at(0).toTensor());
@@ -489,6 +490,7 @@ class Trainer {
       }
       const torch::Tensor aux =
           sq_mean.defined() ? sq_mean * aux_weight : torch::zeros({}, torch::TensorOptions().device(device_));
+      if (c_.model.segout != SegOut::plain) return {h, aux, carried(args.at(5).toTensor())};
       return {h, aux};
     };
   }
@@ -507,6 +509,7 @@ class Trainer {
     compat::ScopedAutocastState ac(
         compat::AutocastState::current().with(device_.type(), autocast, autocast_dtype(c_.precision)));
     torch::Tensor h = live.x, aux;
+    torch::Tensor skip = live.x;  // segout: the tensor every segment returns unchanged
     int64_t unit = 0;
     if (strategy_) {
       // The strategy gets the whole block stack and decides what to checkpoint.
@@ -539,6 +542,8 @@ class Trainer {
         call.args.emplace_back(unit + static_cast<int64_t>(seg.units.size()));
         call.args.emplace_back(kAuxWeight);
       }
+      const bool carry = c_.model.segout != SegOut::plain;
+      if (carry) call.args.emplace_back(skip);
       unit += static_cast<int64_t>(seg.units.size());
       live.segment_inputs.push_back(call.args[0].toTensor());  // the tensor the segment received
       std::vector<torch::Tensor> outs;
@@ -551,18 +556,22 @@ class Trainer {
       } else {
         outs = call.fn(call.args);
       }
-      const size_t want = c_.segio() == SegIO::multi ? 2 : 1;
+      const size_t want = (c_.segio() == SegIO::multi ? 2 : 1) + (carry ? 1 : 0);
       if (outs.size() != want)
         throw std::runtime_error("segment " + std::to_string(s) + " returned " + std::to_string(outs.size()) +
                                  " tensor(s), expected " + std::to_string(want));
       if (first_forward_) {
+        // A carried alias counts too: the next segment's inputs include it, and a correct checkpoint may
+        // copy every input it is given (memory-saved's per-call allowance).
         int64_t bytes = 0;
         for (const auto& t : outs) bytes += static_cast<int64_t>(t.nbytes());
         memory_.segment_output.push_back(bytes);
       }
       h = outs[0];
-      if (want == 2) aux = aux.defined() ? aux + outs[1] : outs[1];
+      if (c_.segio() == SegIO::multi) aux = aux.defined() ? aux + outs[1] : outs[1];
+      if (carry) skip = outs.back();
     }
+    if (c_.model.segout != SegOut::plain) h = h + kSkipScale * skip;
     torch::Tensor loss = model_.head_loss(h, targets_[static_cast<size_t>(m)], y_[static_cast<size_t>(m)]);
     if (aux.defined()) loss = loss + aux;
     live.loss = loss * (1.0 / c_.micro);
@@ -571,6 +580,11 @@ class Trainer {
     first_forward_ = false;
     unit_timing_ = false;
     step_time_.forward += now() - forward_start;
+  }
+
+  // The carried tensor as segout returns it: the argument itself (alias) or a view of it (view).
+  torch::Tensor carried(const torch::Tensor& skip) const {
+    return c_.model.segout == SegOut::view ? skip.view(skip.sizes()) : skip;
   }
 
   // A segment's hidden-state input as the Case has it arrive (segin): under segin=view, the same values

@@ -135,6 +135,7 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"inplace=true inplace_on=mask", true, "inplace_on=mask needs segio=multi"},
         Bad{"inplace=true inplace_on=mask segio=multi seq=1", true, "and seq >= 2"},
         Bad{"inplace=true inplace_on=key", true, "input|mask"}, Bad{"segin=slice", true, "plain|view"},
+        Bad{"segout=copy", true, "plain|alias|view"}, Bad{"segout=alias tie=head", true, "tie=none or tie=blocks"},
         Bad{"seqvar=1", true, "needs micro >= 2"}, Bad{"micro=3 seq=4 seqvar=2", true, "must be at least 1"},
         Bad{"micro=2 seq=4 seqvar=2 fx=bn batch=1", true, "in every micro-batch"},
         Bad{"micro=2 seq=3 seqvar=2 segio=multi inplace=true inplace_on=mask inplace_micro=1", true,
@@ -387,14 +388,14 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
     auto& [model, dropout, dropout_impl, seed, batch, seq, seqvar, steps, micro, sched, lr, opt, resume, input_frozen,
            freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, precision, device, plan, impl] = probe;
     auto& [layers, d_model, heads, ffn_mult, vocab, norm, placement, attention, causal, activation, loss, tie,
-           key_padding, aux_weight, effects] = probe.model;
+           key_padding, aux_weight, effects, segout] = probe.model;
     (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)seqvar, (void)steps,
         (void)micro;
     (void)sched, (void)lr, (void)opt, (void)resume, (void)input_frozen, (void)freeze, (void)hook, (void)gp;
     (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)precision, (void)device, (void)plan,
         (void)impl, (void)layers, (void)d_model, (void)heads;
     (void)ffn_mult, (void)vocab, (void)norm, (void)placement, (void)attention, (void)causal, (void)activation;
-    (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects;
+    (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects, (void)segout;
   }
   // One change per member (key_padding and aux_weight are one field, segio; attention and causal are
   // one, attn), each made as the field's own parser makes it.
@@ -413,6 +414,7 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
       {"model.tie", [](Case& c) { c.model.tie = Tie::blocks; }},
       {"model.key_padding+aux_weight", [](Case& c) { c = case_from_line(to_line(c) + " segio=multi"); }},
       {"model.effects", [](Case& c) { c.model.effects = kCounter; }},
+      {"model.segout", [](Case& c) { c.model.segout = SegOut::view; }},
       {"dropout", [](Case& c) { c.dropout[1] = 0.25; }},
       {"dropout_impl", [](Case& c) { c.dropout_impl = DropoutImpl::native; }},
       {"seed", [](Case& c) { c.seed = 12345; }},

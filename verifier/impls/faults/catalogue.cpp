@@ -21,6 +21,7 @@ const std::vector<ImplEntry>& catalogue() {
       leaf_input_recompute(),    reentrant_no_autocast(),
       carry_input_grads(),       rng_ring(),
       static_shape_pad(),        thread_recompute_cache(),
+      leaf_output_dropped(),
   };
   return v;
 }

@@ -46,5 +46,6 @@ ImplEntry inputs_only_grad();       // differentiates only the inputs
 ImplEntry leaf_input_recompute();   // recomputes from detached leaf inputs (the bf16 ulp bug)
 ImplEntry reentrant_no_autocast();  // recomputes with autocast off
 ImplEntry carry_input_grads();      // keeps a step's input gradients through the next step
+ImplEntry leaf_output_dropped();    // drops the gradient of an output that is an input
 
 }  // namespace ckv::faults

@@ -68,7 +68,7 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
         std::vector<size_t> slot;
         for (size_t k = 0; k < inputs.size(); ++k)
           if (need_input[k] && inputs[k].requires_grad()) targets.push_back(inputs[k]), slot.push_back(k);
-        differentiate(outs, grad_outputs, targets, slot, create_graph, grads);
+        differentiate(st->v, outs, grad_outputs, targets, slot, create_graph, grads);
       }
       if (!any_param) return grads;
     }
@@ -81,7 +81,7 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
         if (need_input[k] && inputs[k].requires_grad()) targets.push_back(inputs[k]), slot.push_back(k);
     for (size_t i = 0; i < params.size(); ++i)
       if (need_param[i]) targets.push_back(params[i]), slot.push_back(n_inputs + i);
-    differentiate(outs, grad_outputs, targets, slot, create_graph, grads);
+    differentiate(st->v, outs, grad_outputs, targets, slot, create_graph, grads);
     return grads;
   }
 
@@ -116,12 +116,13 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
     return st.fn(args);
   }
 
-  static void differentiate(const std::vector<torch::Tensor>& outs, const torch::autograd::variable_list& grad_outputs,
+  static void differentiate(const ReentrantVariant& v, const std::vector<torch::Tensor>& outs,
+                            const torch::autograd::variable_list& grad_outputs,
                             const std::vector<torch::Tensor>& targets, const std::vector<size_t>& slot,
                             bool create_graph, torch::autograd::variable_list& grads) {
     std::vector<torch::Tensor> out_sel, grad_sel;
     for (size_t i = 0; i < outs.size() && i < grad_outputs.size(); ++i)
-      if (outs[i].requires_grad() && grad_outputs[i].defined())
+      if (outs[i].requires_grad() && (!v.outputs_with_grad_fn_only || outs[i].grad_fn()) && grad_outputs[i].defined())
         out_sel.push_back(outs[i]), grad_sel.push_back(grad_outputs[i]);
     if (targets.empty() || out_sel.empty()) return;
     torch::AutoGradMode grad_mode(create_graph);

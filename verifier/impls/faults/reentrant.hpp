@@ -30,6 +30,10 @@ struct ReentrantVariant {
   // Recompute under the forward's autocast state; false: under backward's (autocast off), as torch's
   // reentrant checkpoint did before it saved the autocast state for the recompute.
   bool replay_autocast = true;
+  // Differentiate only the recomputed outputs that have a grad_fn, instead of every output that requires
+  // grad: an output that is a detached input itself (a leaf, as a tensor the segment passes through
+  // untouched is in the recompute) gets no gradient.
+  bool outputs_with_grad_fn_only = false;
 };
 
 class ReentrantCheckpoint : public CheckpointImpl {
