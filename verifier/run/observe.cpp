@@ -148,7 +148,11 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
   // under test reached: every step is then compared on its own, even after a tolerated difference
   // (a shared parameter's gradient summed in another order) has moved the parameters apart.
   const GlobalStateCheck entry;
-  Trainer base(c, o, nullptr, Mode::normal, -1), test(c, o, &impl, Mode::normal, -1);
+  // The run under test keeps the experiments' target segment's first arguments for the throw experiment
+  // (a strategy's target is known only once it has run).
+  Trainer base(c, o, nullptr, Mode::normal, -1),
+      test(c, o, &impl, Mode::normal, impl.is_strategy() ? -1 : experiment_segment(o));
+  base.record_sites(false);  // no property reads the baseline's masks, ReLU patterns or noise
   const std::exception* test_error = nullptr;
   std::unique_ptr<TracedError> saved;  // the test run's exception, its traceback taken while it is there
   std::optional<MemoryReporting> reporting(std::in_place);  // the two runs' memory (memory-saved)
@@ -209,8 +213,19 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
         forward_failed(experiment, e);
       }
     };
-    run_experiment(
-        Mode::throw_in_recompute, [](const Trainer& t) { return t.throw_result; }, o.throw_exp);
+    if (o.test.completed && test.kept_target_args()) {
+      try {
+        const RestoreGlobalState restore{entry};
+        test.throw_experiment();
+        o.throw_exp = test.throw_result;
+        o.throw_exp.ran = true, o.throw_exp.segment = target;
+      } catch (const std::exception& e) {
+        forward_failed(o.throw_exp, e);
+      }
+    } else {
+      run_experiment(
+          Mode::throw_in_recompute, [](const Trainer& t) { return t.throw_result; }, o.throw_exp);
+    }
     if (c.inplace) {
       run_experiment(
           Mode::inplace_input, [](const Trainer& t) { return t.inplace_result; }, o.inplace_exp);

@@ -347,11 +347,7 @@ class Trainer {
         in.add_(torch::linspace(0.5, 1.5, in.numel(), in.options()).reshape(in.sizes()));
       }
     } else if (!inplace) {
-      // Move every generator on, so that a recompute that leaves the forward's state behind shows.
-      torch::rand({1});
-      const size_t devices = torch::cuda::is_available() ? static_cast<size_t>(torch::cuda::device_count()) : 0;
-      for (size_t i = 0; i < devices; ++i)
-        torch::rand({1}, torch::TensorOptions().device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))));
+      move_generators_on();
       throw_result.before = GlobalState::current();
     }
     bool threw = false;
@@ -380,10 +376,66 @@ class Trainer {
     if (impl_) impl_->end_step(0);
   }
 
+  // Whether this run kept the target segment's step 0, micro-batch 0 arguments for throw_experiment() (a
+  // run in Mode::normal with a target segment, not under a strategy, that got that far).
+  bool kept_target_args() const { return !target_args_.empty(); }
+  // The throw experiment on this run's own trainer, after its last step: the target segment handed to
+  // the implementation once more, on copies of the arguments it received in step 0, micro-batch 0 (kept
+  // then, charged to no run), the generators moved on, and backward from its outputs with the recompute
+  // made to throw. exception-safe judges what a throwing recompute leaves behind, which needs neither a
+  // new trainer nor the segments around the target (the whole-forward form, experiment(), stays for
+  // strategies, which checkpoint inside one call over the whole block stack).
+  void throw_experiment() {
+    if (target_args_.empty()) throw std::logic_error("throw_experiment without the target's arguments");
+    mode_ = Mode::throw_in_recompute;
+    rng_.restore();
+    step_ = 0, micro_ = 0, phase_ = 0;
+    tap_.set_context(0, 0, 0);
+    if (impl_) impl_->begin_step(0);
+    std::vector<torch::Tensor> outs;
+    {
+      const bool autocast = c_.precision != Precision::fp32;
+      compat::ScopedAutocastState ac(
+          compat::AutocastState::current().with(device_.type(), autocast, autocast_dtype(c_.precision)));
+      SegmentCall call;
+      call.fn = segment_fn(static_cast<size_t>(target_), 0);
+      call.args = target_args_;
+      call.segment = target_, call.step = 0, call.micro = 0;
+      call.params = segment_params_.at(static_cast<size_t>(target_));
+      const GlobalStateCheck before;
+      outs = impl_->run(call);
+      before.expect_unchanged("checkpointing segment " + std::to_string(target_));
+    }
+    move_generators_on();
+    throw_result.before = GlobalState::current();
+    phase_ = 1;
+    tap_.set_context(0, 0, 1);
+    try {
+      torch::Tensor root;
+      for (const auto& t : outs)
+        if (t.defined() && t.requires_grad()) root = root.defined() ? root + t.sum() : t.sum();
+      if (root.defined()) root.backward();
+    } catch (const std::exception& e) {
+      throw_result.threw = true;
+      throw_result.message = first_line(e.what());
+      throw_result.planted_message_seen = std::string(e.what()).find(kPlantedFailure) != std::string::npos;
+    }
+    throw_result.after = GlobalState::current();
+    if (impl_) impl_->end_step(0);
+  }
+
   ThrowExperiment throw_result;
   InplaceExperiment inplace_result;
 
  private:
+  // Moves every generator on, so that a recompute that leaves the forward's state behind shows.
+  static void move_generators_on() {
+    torch::rand({1});
+    const size_t devices = torch::cuda::is_available() ? static_cast<size_t>(torch::cuda::device_count()) : 0;
+    for (size_t i = 0; i < devices; ++i)
+      torch::rand({1}, torch::TensorOptions().device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))));
+  }
+
   Ledger ledger() const {
     Ledger l;
     l.counter = effects_.counter;
@@ -546,6 +598,19 @@ class Trainer {
       if (carry) call.args.emplace_back(skip);
       unit += static_cast<int64_t>(seg.units.size());
       live.segment_inputs.push_back(call.args[0].toTensor());  // the tensor the segment received
+      if (mode_ == Mode::normal && impl_ && seg.checkpointed && static_cast<int>(s) == target_ && step_ == 0 &&
+          m == 0 && target_args_.empty()) {
+        ChargeTo instrument(nullptr);  // ckverify's copy for throw_experiment(), not the run's memory
+        torch::NoGradGuard no_grad;
+        for (const c10::IValue& a : call.args) {
+          if (!a.isTensor()) {
+            target_args_.push_back(a);
+            continue;
+          }
+          const torch::Tensor& t = a.toTensor();
+          target_args_.emplace_back(t.detach().clone().requires_grad_(t.requires_grad()));
+        }
+      }
       std::vector<torch::Tensor> outs;
       if (seg.checkpointed && impl_) {
         call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
@@ -686,6 +751,7 @@ class Trainer {
   std::vector<std::vector<torch::Tensor>> segment_params_;
   std::vector<Live> live_;
   std::vector<SegmentCallRecord> segment_calls_;
+  std::vector<c10::IValue> target_args_;  // see throw_experiment()
   RngState rng_, rng_before_step_;
   std::unique_ptr<OptimizerState> optimizer_;
   int step_ = 0, micro_ = 0, phase_ = 0;
