@@ -30,6 +30,31 @@ TEST(Compare, MessageNamesIndexValuesAndThreshold) {
       << missing.message();
 }
 
+// Identical representations take a shortcut (memcmp); what it reports must be what the element loop
+// reports: NaN and infinities where both have them equal, the first finite element named, and a -0.0
+// against +0.0 (different bits) still judged element by element.
+TEST(Compare, IdenticalValuesReportAsTheElementLoopDoes) {
+  const TensorView v{"t", {5}, {"i"}};
+  const double nan = std::nan(""), inf = INFINITY;
+  const CompareResult same = compare_values(v, {nan, inf, 2, 3, -4}, {nan, inf, 2, 3, -4}, {0, 0, "bitwise"});
+  EXPECT_TRUE(same.ok());
+  EXPECT_EQ(same.r.total, 5);
+  EXPECT_EQ(same.r.mismatched, 0);
+  EXPECT_EQ(same.r.nonfinite, 0);
+  EXPECT_EQ(same.r.max_abs_index, 2);
+  EXPECT_EQ(same.r.max_rel_index, 2);
+  EXPECT_EQ(same.r.actual_at_abs, 2.0);
+  // One element apart (not bitwise identical): the loop's figures for the same elements.
+  const CompareResult near = compare_values(v, {nan, inf, 2, 3, -4}, {nan, inf, 2, 3, -4.5}, {1, 0, "loose"});
+  EXPECT_TRUE(near.ok());
+  EXPECT_EQ(near.r.max_abs_index, 4);
+  const CompareResult all_nan = compare_values(v, {nan, nan, nan, nan, nan}, {nan, nan, nan, nan, nan}, {0, 0, "b"});
+  EXPECT_TRUE(all_nan.ok());
+  EXPECT_EQ(all_nan.r.max_abs_index, -1);
+  EXPECT_FALSE(compare_values(v, {0, 1, 2, 3, 4}, {-0.0, 1, 2, 3, 4}, {0, 0, "bitwise"}).ok());
+  EXPECT_TRUE(compare_values(v, {0, 1, 2, 3, 4}, {-0.0, 1, 2, 3, 4}, {1e-9, 0, "loose"}).ok());
+}
+
 TEST(Tolerance, ReferenceBoundFollowsTheFp32EvaluationsOwnError) {
   const std::vector<double> e64 = {1.0, -2.0, 0.5};
   const std::vector<double> tight = {1.0 + 1e-7, -2.0, 0.5}, loose = {1.0 + 1e-3, -2.0, 0.5};
