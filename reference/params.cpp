@@ -51,69 +51,85 @@ uint64_t stream_seed(uint64_t seed, const std::string& name) {
 }
 
 namespace {
-void add(ParamSet& p, std::string name, std::vector<int64_t> shape) {
-  int64_t n = 1;
-  for (auto s : shape) n *= s;
-  p.items.push_back({std::move(name), std::move(shape), std::vector<double>(static_cast<size_t>(n), 0.0)});
-}
-void add_norm(ParamSet& p, const ModelConfig& c, const std::string& prefix) {
-  add(p, prefix + ".weight", {c.d_model});
-  if (c.norm == NormKind::layer) add(p, prefix + ".bias", {c.d_model});
-}
-void add_linear(ParamSet& p, const std::string& prefix, int64_t out, int64_t in) {
-  add(p, prefix + ".weight", {out, in});
-  add(p, prefix + ".bias", {out});
+// Builds a layout: every parameter's name and shape, and its zero values where `values` (the names
+// alone serve part_param_names, which the run stage and the properties call per unit).
+struct LayoutBuilder {
+  ParamSet p;
+  bool values = true;
+  void add(std::string name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (auto s : shape) n *= s;
+    p.items.push_back(
+        {std::move(name), std::move(shape), std::vector<double>(values ? static_cast<size_t>(n) : 0, 0.0)});
+  }
+  void add_norm(const ModelConfig& c, const std::string& prefix) {
+    add(prefix + ".weight", {c.d_model});
+    if (c.norm == NormKind::layer) add(prefix + ".bias", {c.d_model});
+  }
+  void add_linear(const std::string& prefix, int64_t out, int64_t in) {
+    add(prefix + ".weight", {out, in});
+    add(prefix + ".bias", {out});
+  }
+};
+// The parameters one part of the model reads, in layout order: the one place that names them.
+void add_part(LayoutBuilder& b, const ModelConfig& c, ModelPart part, int layer) {
+  const std::string L = "layer" + std::to_string(c.param_layer(layer));
+  switch (part) {
+    case ModelPart::block_attn:
+      if (!c.attention) return;
+      b.add_norm(c, L + ".norm1");
+      for (const char* w : {"wq", "wk", "wv", "wo"}) b.add_linear(L + ".attn." + w, c.d_model, c.d_model);
+      return;
+    case ModelPart::block_ffn:
+      b.add_norm(c, L + ".norm2");
+      b.add_linear(L + ".ffn.fc1", c.d_ff(), c.d_model);
+      if (c.activation == Activation::swiglu) b.add_linear(L + ".ffn.gate", c.d_ff(), c.d_model);
+      b.add_linear(L + ".ffn.fc2", c.d_model, c.d_ff());
+      if (c.has(kBatchNorm)) {
+        b.add(L + ".bn.weight", {c.d_model});
+        b.add(L + ".bn.bias", {c.d_model});
+      }
+      return;
+    case ModelPart::input_projection:  // the head's weight, read again as the input projection (tie=head)
+      if (c.tie == Tie::head) b.add("head.weight", {c.vocab, c.d_model});
+      return;
+    case ModelPart::head:
+      b.add_norm(c, "norm_f");
+      b.add_linear("head", c.vocab, c.d_model);
+      return;
+  }
 }
 double to_float_precision(double v) {
   return static_cast<double>(static_cast<float>(v));
 }
 }  // namespace
 
-ParamSet param_layout(const ModelConfig& c) {
-  ParamSet p;
+namespace {
+ParamSet layout(const ModelConfig& c, bool values) {
+  LayoutBuilder b;
+  b.values = values;
   for (int l = 0; l < (c.tie == Tie::blocks ? 1 : c.layers); ++l) {
-    const std::string L = "layer" + std::to_string(l);
-    if (c.attention) {
-      add_norm(p, c, L + ".norm1");
-      for (const char* w : {"wq", "wk", "wv", "wo"}) add_linear(p, L + ".attn." + w, c.d_model, c.d_model);
-    }
-    add_norm(p, c, L + ".norm2");
-    add_linear(p, L + ".ffn.fc1", c.d_ff(), c.d_model);
-    if (c.activation == Activation::swiglu) add_linear(p, L + ".ffn.gate", c.d_ff(), c.d_model);
-    add_linear(p, L + ".ffn.fc2", c.d_model, c.d_ff());
-    if (c.has(kBatchNorm)) {
-      add(p, L + ".bn.weight", {c.d_model});
-      add(p, L + ".bn.bias", {c.d_model});
-    }
+    add_part(b, c, ModelPart::block_attn, l);
+    add_part(b, c, ModelPart::block_ffn, l);
   }
-  add_norm(p, c, "norm_f");
-  add_linear(p, "head", c.vocab, c.d_model);
-  return p;
+  add_part(b, c, ModelPart::head, 0);
+  return std::move(b.p);
+}
+}  // namespace
+
+ParamSet param_layout(const ModelConfig& c) {
+  return layout(c, true);
+}
+ParamSet param_shapes(const ModelConfig& c) {
+  return layout(c, false);
 }
 
 std::vector<std::string> part_param_names(const ModelConfig& c, ModelPart part, int layer) {
+  LayoutBuilder b;
+  b.values = false;
+  add_part(b, c, part, layer);
   std::vector<std::string> out;
-  const ParamSet layout = param_layout(c);
-  auto with_prefix = [&](const std::vector<std::string>& prefixes) {
-    for (const auto& a : layout.items)
-      for (const auto& pre : prefixes)
-        if (a.name.rfind(pre, 0) == 0) out.push_back(a.name);
-  };
-  const std::string L = "layer" + std::to_string(c.param_layer(layer)) + ".";
-  switch (part) {
-    case ModelPart::block_attn:
-      if (c.attention) with_prefix({L + "norm1.", L + "attn."});
-      break;
-    case ModelPart::block_ffn:
-      with_prefix({L + "norm2.", L + "ffn.", L + "bn."});
-      break;
-    case ModelPart::input_projection:
-      if (c.tie == Tie::head) out.push_back("head.weight");
-      break;
-    case ModelPart::head:
-      with_prefix({"norm_f.", "head."});
-      break;
-  }
+  for (auto& a : b.p.items) out.push_back(std::move(a.name));
   return out;
 }
 

@@ -38,6 +38,8 @@ class ParamSet {
 // The parameter names and shapes of a config, in registration order (values zero). With tie=blocks
 // only layer 0's block parameters exist; every block reads them.
 ParamSet param_layout(const ModelConfig& cfg);
+// The same names and shapes with no values (data empty): for code that only names or sizes them.
+ParamSet param_shapes(const ModelConfig& cfg);
 // The one place that says which parameters each part of the model reads (names as in the layout):
 // the attention half of block `layer` (norm1, attn.*), its FFN half (norm2, ffn.*), the tied input
 // projection (head.weight) and the head (norm_f, head).

@@ -32,11 +32,13 @@ struct Tensors {
     for (const auto& a : p.items) {
       const Eigen::Index rows = a.shape.size() > 1 ? a.shape[0] : 1;
       const Eigen::Index cols = a.shape.size() > 1 ? a.shape[1] : a.shape[0];
-      Mat v = Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(a.data.data(),
-                                                                                                       rows, cols)
-                  .template cast<S>();
-      if (zero) v.setZero();
-      t.m.emplace(a.name, std::move(v));
+      if (zero) {
+        t.m.emplace(a.name, Mat::Zero(rows, cols));
+        continue;
+      }
+      t.m.emplace(a.name, Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                              a.data.data(), rows, cols)
+                              .template cast<S>());
     }
     return t;
   }
@@ -505,9 +507,12 @@ void check_inputs(const ModelConfig& c, const ParamSet& p, const CaseData& d, co
     throw std::invalid_argument("reference: relu patterns must be given for every layer or none");
   if (!dm.noise.empty() && dm.noise.size() != static_cast<size_t>(c.layers))
     throw std::invalid_argument("reference: noise must be given for every layer or none");
-  for (const auto& a : param_layout(c).items)
-    if (!p.contains(a.name) || p.at(a.name).data.size() != a.data.size())
+  for (const auto& a : param_shapes(c).items) {
+    int64_t n = 1;
+    for (int64_t s : a.shape) n *= s;
+    if (!p.contains(a.name) || p.at(a.name).data.size() != static_cast<size_t>(n))
       throw std::invalid_argument("reference: parameter " + a.name + " is missing or has the wrong size");
+  }
 }
 
 template <class S, class M>
@@ -536,8 +541,7 @@ ReferenceResult forward_backward(const ModelConfig& cfg, const ParamSet& params,
       r.bn_var.push_back(flat<S>(lc.bn.var_unbiased));
     }
   r.dx = flat<S>(m.run_backward(fw, scale));
-  r.grads = zeros_like(params);
-  for (auto& a : r.grads.items) a.data = flat<S>(grads.at(a.name));
+  for (const auto& a : params.items) r.grads.items.push_back({a.name, a.shape, flat<S>(grads.at(a.name))});
   return r;
 }
 

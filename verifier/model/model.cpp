@@ -234,13 +234,13 @@ void TransformerImpl::load(const ParamSet& p) {
 }
 
 ParamSet TransformerImpl::values() const {
-  ParamSet out = param_layout(c_);
+  ParamSet out = param_shapes(c_);
   for (const auto& kv : named_parameters()) out.at(kv.key()).data = to_doubles(kv.value());
   return out;
 }
 
 ParamSet TransformerImpl::grads() const {
-  ParamSet out = param_layout(c_);
+  ParamSet out = param_layout(c_);  // an undefined gradient reads as zeros (grads_defined() tells)
   for (const auto& kv : named_parameters())
     if (kv.value().grad().defined()) out.at(kv.key()).data = to_doubles(kv.value().grad());
   return out;
