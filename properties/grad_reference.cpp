@@ -35,6 +35,10 @@ Finding judge(const Observations& o) {
   if (skipped) summary += fmt::format("; {} not checkable ({})", skipped, skip_reason);
   return Finding::pass(kName, summary);
 }
+const char* kFloorOnly = " (within it, the fp32 evaluations cannot change the verdict and were not made)";
+std::string diverged(double growth) {
+  return fmt::format("training has diverged (activations grew {:.1e}x since step 0)", growth);
+}
 }  // namespace
 
 ReferenceChecks reference_checks(const Observations& o) {
@@ -49,8 +53,21 @@ ReferenceChecks reference_checks(const Observations& o) {
         "depend on its input)",
         {}};
   for (size_t s = 0; s < o.test.steps.size(); ++s) {
-    const std::vector<ReferenceTensor> tensors = reference_tensors(o, s);
+    const double growth = ref.fp64.at(s).max_activation / std::max(ref.fp64.front().max_activation, 1e-300);
     const bool evaluated = s < ref.fp32.size() && ref.fp32[s].has_value();
+    if (!evaluated && s < ref.floor.size() && !ref.floor[s].empty()) {
+      // The comparisons under the floor that decided the fp32 evaluations were not needed (observe).
+      for (const CompareResult& r : ref.floor[s]) {
+        ReferenceCheck k;
+        k.step = static_cast<int>(s);
+        k.result = r;
+        k.result.tol.why += kFloorOnly;
+        if (growth > kDivergence) k.checkable = false, k.why_not = diverged(growth);
+        out.checks.push_back(std::move(k));
+      }
+      continue;
+    }
+    const std::vector<ReferenceTensor> tensors = reference_tensors(o, s);
     std::vector<const std::vector<double>*> all64;
     std::vector<Fp32Evaluations> all32;
     for (const auto& x : tensors) {
@@ -60,7 +77,6 @@ ReferenceChecks reference_checks(const Observations& o) {
     }
     const StepConditioning cond = evaluated ? step_conditioning(all64, all32) : StepConditioning{};
     const double model_scale = reference_model_scale(all64);
-    const double growth = ref.fp64.at(s).max_activation / std::max(ref.fp64.front().max_activation, 1e-300);
     for (size_t i = 0; i < tensors.size(); ++i) {
       const ReferenceTensor& x = tensors[i];
       ReferenceCheck k;
@@ -71,10 +87,9 @@ ReferenceChecks reference_checks(const Observations& o) {
       } else {
         // The fp32 evaluations were not made: every tensor of the step is within the floor (run.hpp).
         bound.tol = reference_floor_tolerance(x.e64, model_scale);
-        bound.tol.why += " (within it, the fp32 evaluations cannot change the verdict and were not made)";
+        bound.tol.why += kFloorOnly;
       }
-      if (growth > kDivergence)
-        bound = {{}, false, fmt::format("training has diverged (activations grew {:.1e}x since step 0)", growth)};
+      if (growth > kDivergence) bound = {{}, false, diverged(growth)};
       k.checkable = bound.checkable;
       k.why_not = bound.why_not;
       k.result.view = x.view;

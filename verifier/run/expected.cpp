@@ -1,5 +1,5 @@
 // verifier/run/expected.cpp: what the independent reference expects of the run under test (run.hpp:
-// expected_step, reference_tensors, reference_needs_fp32, off_case_shapes) and the gradient scale the
+// expected_step, reference_tensors, floor_comparisons, off_case_shapes) and the gradient scale the
 // bounds are built from.
 #include <fmt/format.h>
 
@@ -163,16 +163,18 @@ std::vector<ReferenceTensor> reference_tensors(const Observations& o, size_t s) 
   return out;
 }
 
-bool reference_needs_fp32(const Observations& o, size_t s) {
+std::optional<std::vector<CompareResult>> floor_comparisons(const Observations& o, size_t s) {
   const std::vector<ReferenceTensor> tensors = reference_tensors(o, s);
   std::vector<const std::vector<double>*> all64;
   for (const auto& x : tensors) all64.push_back(&x.e64);
   const double model_scale = reference_model_scale(all64);
+  std::vector<CompareResult> out;
   for (const auto& x : tensors) {
-    if (!std::all_of(x.e64.begin(), x.e64.end(), [](double v) { return std::isfinite(v); })) return true;
-    if (!compare_values(x.view, x.actual, x.e64, reference_floor_tolerance(x.e64, model_scale)).ok()) return true;
+    if (!std::all_of(x.e64.begin(), x.e64.end(), [](double v) { return std::isfinite(v); })) return std::nullopt;
+    out.push_back(compare_values(x.view, x.actual, x.e64, reference_floor_tolerance(x.e64, model_scale)));
+    if (!out.back().ok()) return std::nullopt;
   }
-  return false;
+  return out;
 }
 
 }  // namespace ckv

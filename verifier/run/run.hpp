@@ -130,6 +130,8 @@ struct ReferenceRecord {
   std::string off_shape;
   std::vector<ExpectedStep> fp64;
   std::vector<std::optional<Fp32Evaluation>> fp32;  // per step, as fp64
+  // Per step without fp32 evaluations: floor_comparisons(), made to decide and judged by grad-reference.
+  std::vector<std::vector<CompareResult>> floor;
 };
 
 struct GlobalState {
@@ -249,9 +251,10 @@ struct ReferenceTensor {
 // (unless the input is frozen), BatchNorm's running statistics after the step. Needs
 // o.reference.fp64[s].
 std::vector<ReferenceTensor> reference_tensors(const Observations& o, size_t s);
-// Whether grad-reference needs step s's fp32 evaluations: some tensor's fp64 value is not finite, or
-// the run under test is off it by more than the bound's floor (tolerance.hpp, reference_floor_tolerance).
-bool reference_needs_fp32(const Observations& o, size_t s);
+// Step s's tensors (reference_tensors, in order) compared with their fp64 values under the bound's floor
+// (tolerance.hpp, reference_floor_tolerance); none when grad-reference needs step s's fp32 evaluations
+// instead: some tensor's fp64 value is not finite, or the run under test is off it by more than the floor.
+std::optional<std::vector<CompareResult>> floor_comparisons(const Observations& o, size_t s);
 
 // One training run of the Case: with impl null (or plan none) nothing is checkpointed. Records
 // instead of throwing when the run fails.
