@@ -130,24 +130,41 @@ size_t RecomputeFrame::pack(const torch::Tensor& t) {
     s.version = torch::autograd::impl::version_counter(t);
     s.saved_version = t._version();
   }
-  for (size_t i = 0; i < args_.size() && s.what.empty(); ++i) {
+  bool found = false;
+  for (size_t i = 0; i < args_.size() && !found; ++i) {
     if (!args_[i].isTensor() || !args_[i].toTensor().defined()) continue;
     const torch::Tensor& a = args_[i].toTensor();
     if (a.unsafeGetTensorImpl() == t.unsafeGetTensorImpl())
-      s.what = fmt::format("input {}", i);
+      s.kind = Saved::Kind::input, s.arg = i, found = true;
     else if (a.has_storage() && t.has_storage() && a.storage().is_alias_of(t.storage()))
-      s.what = fmt::format("a view of input {}", i);
+      s.kind = Saved::Kind::input_view, s.arg = i, found = true;
   }
-  if (s.what.empty()) {
+  if (!found) {
     const bool view = t.is_view();
     const at::TensorBase& base = view ? t._base() : static_cast<const at::TensorBase&>(t);
-    if (base.is_leaf() && base.requires_grad())
-      s.what = (view ? "a view of a parameter of shape " : "a parameter of shape ") + shape_of(base.sizes());
-    else
-      s.what = "a tensor of shape " + shape_of(t.sizes()) + " computed inside the segment";
+    if (base.is_leaf() && base.requires_grad()) {
+      s.kind = view ? Saved::Kind::parameter_view : Saved::Kind::parameter;
+      s.parameter_sizes = base.sizes().vec();
+    }
   }
   saved_.push_back(std::move(s));
   return saved_.size() - 1;
+}
+
+std::string RecomputeFrame::Saved::what() const {
+  switch (kind) {
+    case Kind::input:
+      return fmt::format("input {}", arg);
+    case Kind::input_view:
+      return fmt::format("a view of input {}", arg);
+    case Kind::parameter:
+      return "a parameter of shape " + shape_of(parameter_sizes);
+    case Kind::parameter_view:
+      return "a view of a parameter of shape " + shape_of(parameter_sizes);
+    case Kind::inner:
+      break;
+  }
+  return "a tensor of shape " + shape_of(sizes) + " computed inside the segment";
 }
 
 bool RecomputeFrame::collect(const torch::Tensor& t) {
@@ -173,7 +190,7 @@ void RecomputeFrame::check_collected() const {
       throw CheckpointError(fmt::format(
           "ckverify checkpoint: saved tensor {} ({}) was {} {} on {} in the first forward but {} {} on {} in the "
           "recompute; the recompute did not replay the forward (autocast state, RNG, or state the segment reads)",
-          index, s.what, c10::toString(s.dtype), shape_of(s.sizes), s.device.str(), c10::toString(t.scalar_type()),
+          index, s.what(), c10::toString(s.dtype), shape_of(s.sizes), s.device.str(), c10::toString(t.scalar_type()),
           shape_of(t.sizes()), t.device().str()));
   }
 }
@@ -241,7 +258,7 @@ torch::Tensor RecomputeFrame::unpack(size_t index) {
     throw CheckpointError(fmt::format(
         "ckverify checkpoint: saved tensor {} ({}) was unpacked twice in one backward call; the checkpoint hands "
         "each recomputed tensor out once (a custom backward that reads its saved tensors twice?)",
-        index, saved_[index].what));
+        index, saved_[index].what()));
   torch::Tensor t = std::move(pass.tensors[index]);
   pass.tensors[index] = torch::Tensor();
   pass.taken[index] = true;
@@ -264,7 +281,7 @@ void RecomputeFrame::check_unchanged() const {
           "ckverify checkpoint: {} that the checkpointed segment saved for backward was modified in place between "
           "its forward and its backward (version {} -> {}); recomputing from the new value would give wrong "
           "gradients (an optimizer step before backward?)",
-          s.what, s.saved_version, s.version.current_version()));
+          s.what(), s.saved_version, s.version.current_version()));
 }
 
 void RecomputeFrame::replay_rng() const {

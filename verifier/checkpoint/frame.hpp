@@ -53,7 +53,13 @@ class RecomputeFrame : public std::enable_shared_from_this<RecomputeFrame> {
     c10::Device device = c10::Device(c10::kCPU);
     c10::VariableVersion version{c10::VariableVersion::DISABLED};
     uint32_t saved_version = 0;
-    std::string what;  // "input 0", "a view of input 0", "a parameter of shape [4, 4]", ...
+    // What the tensor is, for messages (what()): pack() only records the kind, as every saved tensor of
+    // every checkpointed call passes through it.
+    enum class Kind { input, input_view, parameter, parameter_view, inner } kind = Kind::inner;
+    size_t arg = 0;                        // input, input_view
+    std::vector<int64_t> parameter_sizes;  // parameter, parameter_view: the parameter's (the view's base)
+    // "input 0", "a view of input 0", "a parameter of shape [4, 4]", ...
+    std::string what() const;
   };
   // Captures what the recompute replays (RNG, autocast); called before fn runs.
   virtual void capture_state();

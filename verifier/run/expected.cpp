@@ -56,14 +56,19 @@ std::string off_case_shapes(const Case& c, const RunRecord& r) {
 ExpectedStep expected_step(const Observations& o, int step, RefScalar scalar, const ReferenceFaults& faults,
                            bool perturb) {
   const Case& c = o.c;
-  ParamSet params = step == 0 ? o.initial_params : o.test.steps.at(static_cast<size_t>(step - 1)).params_after;
-  std::vector<CaseData> data = o.data;
+  const ParamSet& start = step == 0 ? o.initial_params : o.test.steps.at(static_cast<size_t>(step - 1)).params_after;
+  // Copies only where the inputs are perturbed.
+  std::optional<ParamSet> nudged_params;
+  std::optional<std::vector<CaseData>> nudged_data;
   if (perturb) {
+    nudged_params = start, nudged_data = o.data;
     SplitMix64 sign(stream_seed(c.seed, "perturb.step" + std::to_string(step)));
     auto nudge = [&](double& v) { v *= 1.0 + ((sign.next() & 1) ? 1.0 : -1.0) * 0x1p-21; };
-    for (auto& a : params.items) std::for_each(a.data.begin(), a.data.end(), nudge);
-    for (auto& d : data) std::for_each(d.x.begin(), d.x.end(), nudge);
+    for (auto& a : nudged_params->items) std::for_each(a.data.begin(), a.data.end(), nudge);
+    for (auto& d : *nudged_data) std::for_each(d.x.begin(), d.x.end(), nudge);
   }
+  const ParamSet& params = perturb ? *nudged_params : start;
+  const std::vector<CaseData>& data = perturb ? *nudged_data : o.data;
   ExpectedStep e;
   e.grads = zeros_like(params);
   e.batchnorm =

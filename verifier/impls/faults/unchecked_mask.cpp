@@ -19,7 +19,7 @@ struct UncheckedMaskFrame : checkpoint_detail::RecomputeFrame {
     }
     for (const Saved& s : saved_)
       if (s.version.enabled() && s.version.current_version() != s.saved_version)
-        throw CheckpointError(s.what + " was modified in place");
+        throw CheckpointError(s.what() + " was modified in place");
   }
 };
 }  // namespace
