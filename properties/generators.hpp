@@ -151,10 +151,14 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
   // Model fields added later come after the Case, for the same reason.
   const auto segout = pick(SegOut::plain, SegOut::plain, SegOut::plain, SegOut::plain, SegOut::plain, SegOut::plain,
                            SegOut::plain, SegOut::plain, SegOut::alias, SegOut::view);
-  return gen::map(gen::tuple(gen_deep(), shallow, segout), [o](std::tuple<DeepShape, Case, SegOut> dc) {
+  // One Case in eight draws per-token jitter (random ops other than dropout and the noise module).
+  const auto rand = pick(RandOp::none, RandOp::none, RandOp::none, RandOp::none, RandOp::none, RandOp::none,
+                         RandOp::none, RandOp::jitter);
+  return gen::map(gen::tuple(gen_deep(), shallow, segout, rand), [o](std::tuple<DeepShape, Case, SegOut, RandOp> dc) {
     Case c = std::move(std::get<1>(dc));
     apply_deep(std::get<0>(dc), c);
     c.model.segout = std::get<2>(dc);
+    c.model.rand = std::get<3>(dc);
     if (c.model.tie == Tie::head) c.model.segout = SegOut::plain;  // no hidden-state input to carry (case.cpp)
     if (c.gp > 0.0) c.input_frozen = false;                        // the penalty is on dloss/dx
 #if !CKV_TORCH_AT_LEAST(2, 0)

@@ -1,9 +1,11 @@
 // properties/rng_replay.cpp: rng-replay. Every recomputed call of a dropout site drew the mask the first
 // forward drew, at every position whose mask is known (site_tap.hpp: native dropout hides the mask where
-// its input is exactly zero), and every recomputed noise module (fx=noise) drew the first forward's eps.
+// its input is exactly zero), and every recomputed noise module (fx=noise) and jitter (rand=jitter) drew
+// the first forward's eps.
 #include <fmt/format.h>
 
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "properties/compare.hpp"
@@ -13,6 +15,40 @@
 namespace ckv {
 namespace {
 const char* kName = "rng-replay";
+
+// Every recomputed draw of a noise module or the jitter against the first forward's; counts the compared.
+std::optional<Finding> judge_draws(const std::vector<NoiseCall>& calls, const char* what, size_t& compared) {
+  std::map<std::tuple<int, int, int>, const NoiseCall*> first;
+  for (const NoiseCall& n : calls)
+    if (n.call == 0) first[{n.step, n.micro, n.layer}] = &n;
+  for (const NoiseCall& r : calls) {
+    if (r.call == 0) continue;
+    const std::string where =
+        fmt::format("step {} micro {} layer{} {} call {}", r.step, r.micro, r.layer, what, r.call);
+    const auto it = first.find({r.step, r.micro, r.layer});
+    if (it == first.end()) return Finding::fail(kName, r.step, where, "a recompute call without a first-forward call");
+    const torch::Tensor& f = it->second->eps;
+    if (r.eps.sizes() != f.sizes())
+      return Finding::fail(kName, r.step, where,
+                           fmt::format("the recompute drew {} of shape {} where the first forward drew {}: it "
+                                       "recomputed from inputs of other shapes",
+                                       what, c10::str(r.eps.sizes()), c10::str(f.sizes())));
+    ++compared;
+    if (torch::equal(r.eps, f)) continue;
+    const torch::Tensor diff = r.eps != f;
+    const int64_t n = diff.sum().item<int64_t>();
+    if (n == 0) continue;
+    const int64_t flat = diff.reshape({-1}).nonzero().index({0, 0}).item<int64_t>();
+    CompareResult at{{"eps", r.eps.sizes().vec(), {"b", "t", "c"}}, {}, {}};
+    return Finding::fail(kName, r.step, where,
+                         fmt::format("the recomputed {} differs from the first forward's at {} of {} positions, "
+                                     "first at index {} (first forward {:.6g}, recompute {:.6g}): the recompute drew "
+                                     "from a different generator state",
+                                     what, n, r.eps.numel(), at.index(flat), f.reshape({-1})[flat].item<double>(),
+                                     r.eps.reshape({-1})[flat].item<double>()));
+  }
+  return std::nullopt;
+}
 
 Finding judge(const Observations& o) {
   size_t compared = 0;
@@ -49,41 +85,16 @@ Finding judge(const Observations& o) {
                     f.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped",
                     r.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped"));
   }
-  // Noise modules: the recompute's eps must be the first forward's, bitwise (same generator position).
-  std::map<std::tuple<int, int, int>, const NoiseCall*> first_noise;
-  for (const NoiseCall& n : o.test.noise)
-    if (n.call == 0) first_noise[{n.step, n.micro, n.layer}] = &n;
+  // Noise modules and jitter: the recompute's eps must be the first forward's, bitwise (same generator
+  // position).
   size_t noise_compared = 0;
-  for (const NoiseCall& r : o.test.noise) {
-    if (r.call == 0) continue;
-    const std::string where = fmt::format("step {} micro {} layer{} noise call {}", r.step, r.micro, r.layer, r.call);
-    const auto it = first_noise.find({r.step, r.micro, r.layer});
-    if (it == first_noise.end())
-      return Finding::fail(kName, r.step, where, "a recompute call without a first-forward call");
-    if (r.eps.sizes() != it->second->eps.sizes())
-      return Finding::fail(kName, r.step, where,
-                           fmt::format("the recompute drew noise of shape {} where the first forward drew {}: it "
-                                       "recomputed from inputs of other shapes",
-                                       c10::str(r.eps.sizes()), c10::str(it->second->eps.sizes())));
-    ++noise_compared;
-    if (torch::equal(r.eps, it->second->eps)) continue;
-    const torch::Tensor diff = r.eps != it->second->eps;
-    const int64_t n = diff.sum().item<int64_t>();
-    if (n == 0) continue;
-    const int64_t flat = diff.reshape({-1}).nonzero().index({0, 0}).item<int64_t>();
-    CompareResult at{{"eps", r.eps.sizes().vec(), {"b", "t", "c"}}, {}, {}};
-    return Finding::fail(
-        kName, r.step, where,
-        fmt::format("the recomputed noise differs from the first forward's at {} of {} positions, "
-                    "first at index {} (first forward {:.6g}, recompute {:.6g}): the recompute drew "
-                    "from a different generator position",
-                    n, r.eps.numel(), at.index(flat), it->second->eps.reshape({-1})[flat].item<double>(),
-                    r.eps.reshape({-1})[flat].item<double>()));
-  }
+  for (const auto& [calls, what] : {std::pair{&o.test.noise, "noise"}, std::pair{&o.test.jitter, "jitter"}})
+    if (std::optional<Finding> f = judge_draws(*calls, what, noise_compared)) return *f;
   if (compared + noise_compared == 0)
-    return Finding::not_applicable(kName, "no dropout site with a non-zero rate and no noise module was recomputed");
-  return Finding::pass(kName, fmt::format("{} recomputed mask(s) and {} recomputed noise draw(s) equal to the first "
-                                          "forward's",
+    return Finding::not_applicable(
+        kName, "no dropout site with a non-zero rate, no noise module and no jitter was recomputed");
+  return Finding::pass(kName, fmt::format("{} recomputed mask(s) and {} recomputed noise or jitter draw(s) equal to "
+                                          "the first forward's",
                                           compared, noise_compared));
 }
 }  // namespace

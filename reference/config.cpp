@@ -41,7 +41,7 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
   return layers == o.layers && d_model == o.d_model && heads == o.heads && ffn_mult == o.ffn_mult && vocab == o.vocab &&
          norm == o.norm && placement == o.placement && attention == o.attention && causal == o.causal &&
          activation == o.activation && loss == o.loss && tie == o.tie && key_padding == o.key_padding &&
-         aux_weight == o.aux_weight && effects == o.effects && segout == o.segout;
+         aux_weight == o.aux_weight && effects == o.effects && segout == o.segout && rand == o.rand;
 }
 
 std::string_view to_string(NormKind v) {

@@ -28,6 +28,12 @@ enum class Tie { none, blocks, head };
 // through which gradient reaches x (plain: none).
 enum class SegOut { plain, alias, view };
 inline constexpr double kSkipScale = 0.5;
+// Random ops other than dropout inside a block. jitter: every block's FFN output y (before its ffn_out
+// dropout) is scaled per token, y * (1 + kJitterScale * eps), eps ~ N(0,1) of shape (B,T,1) drawn from
+// the device's default generator, as noisy gating and router jitter draw: B*T normals, an odd count
+// where B*T is odd (the CPU generator then holds a cached normal that its state must carry).
+enum class RandOp { none, jitter };
+inline constexpr double kJitterScale = 0.1;
 
 // The dropout sites of one block, in forward order. The reference never draws masks; the caller
 // passes the mask drawn at each site (verifier/dropout_tap.hpp records them on the LibTorch side).
@@ -57,6 +63,7 @@ struct ModelConfig {
   // checkpoint must apply once although it runs the forward twice.
   unsigned effects = 0;
   SegOut segout = SegOut::plain;
+  RandOp rand = RandOp::none;
   bool has(unsigned effect) const { return (effects & effect) != 0; }
 
   int head_dim() const { return d_model / heads; }
@@ -103,6 +110,7 @@ inline constexpr EnumNames<LossKind, 2> kLossNames{{{LossKind::cross_entropy, "c
 inline constexpr EnumNames<Tie, 3> kTieNames{{{Tie::none, "none"}, {Tie::blocks, "blocks"}, {Tie::head, "head"}}};
 inline constexpr EnumNames<SegOut, 3> kSegOutNames{
     {{SegOut::plain, "plain"}, {SegOut::alias, "alias"}, {SegOut::view, "view"}}};
+inline constexpr EnumNames<RandOp, 2> kRandOpNames{{{RandOp::none, "none"}, {RandOp::jitter, "jitter"}}};
 
 // Enum names: the only spelling used in Case lines, JSON and error messages.
 std::string_view to_string(NormKind v);

@@ -322,11 +322,25 @@ struct Model {
     }
     dropout_apply(a, layer, DropoutSite::ffn_hidden, false);
     fc.a_d = std::move(a);
-    return linear_forward(fc.a_d, L + "fc2");
+    Mat y = linear_forward(fc.a_d, L + "fc2");
+    jitter_apply(y, layer);
+    return y;
   }
-  void ffn_backward(Mat& din, const Mat& dout, const FfnCache& fc, int layer) {
+  // rand=jitter (config.hpp): each row (token) of the FFN output scaled by 1 + kJitterScale * eps, with the
+  // eps the forward drew; its backward scales the incoming gradient the same way.
+  void jitter_apply(Mat& m, int layer) const {
+    if (c.rand != RandOp::jitter || dm.jitter.empty() || dm.jitter.at(static_cast<size_t>(layer)).empty()) return;
+    const auto& eps = dm.jitter[static_cast<size_t>(layer)];
+    if (eps.size() != static_cast<size_t>(m.rows()))
+      throw std::invalid_argument("jitter at layer " + std::to_string(layer) + " has the wrong size");
+    for (Eigen::Index i = 0; i < m.rows(); ++i)
+      m.row(i) *= S(1) + static_cast<S>(kJitterScale) * static_cast<S>(eps[static_cast<size_t>(i)]);
+  }
+  void ffn_backward(Mat& din, const Mat& dout_in, const FfnCache& fc, int layer) {
     const std::string L = block(layer) + "ffn.";
     const Activation act = c.activation;
+    Mat dout = dout_in;
+    jitter_apply(dout, layer);
     Mat da = Mat::Zero(fc.a_d.rows(), fc.a_d.cols());
     linear_backward(da, dout, fc.a_d, L + "fc2");
     dropout_apply(da, layer, DropoutSite::ffn_hidden, true);
@@ -507,6 +521,8 @@ void check_inputs(const ModelConfig& c, const ParamSet& p, const CaseData& d, co
     throw std::invalid_argument("reference: relu patterns must be given for every layer or none");
   if (!dm.noise.empty() && dm.noise.size() != static_cast<size_t>(c.layers))
     throw std::invalid_argument("reference: noise must be given for every layer or none");
+  if (!dm.jitter.empty() && dm.jitter.size() != static_cast<size_t>(c.layers))
+    throw std::invalid_argument("reference: jitter must be given for every layer or none");
   for (const auto& a : param_shapes(c).items) {
     int64_t n = 1;
     for (int64_t s : a.shape) n *= s;

@@ -43,6 +43,8 @@ struct DropoutMasks {
   std::vector<std::vector<double>> relu;
   // noise[layer]: (B,T,D) the eps the noise module drew (Effect kNoise); empty: no noise there.
   std::vector<std::vector<double>> noise;
+  // jitter[layer]: (B,T) the eps rand=jitter drew for the layer's FFN output; empty: no jitter there.
+  std::vector<std::vector<double>> jitter;
   static DropoutMasks none(int layers);
 };
 

@@ -220,6 +220,8 @@ const FaultDemo kDemos[] = {
     {"static-shape-pad", "micro=2 seqvar=1 attn=bidir", "micro=2 attn=bidir"},
     // A view of the input has a grad_fn in the recompute: only the output that is the input itself is lost.
     {"leaf-output-dropped", "segout=alias", "segout=view"},
+    // Three normals per layer leave a cached one behind; the noise module's 24 per layer (d=8) never do.
+    {"engine-only-rng", "rand=jitter batch=1 seq=3", "batch=1 seq=3 fx=noise"},
 };
 
 Case demo_case(const std::string& keys, const std::string& impl) {

@@ -89,6 +89,7 @@ struct Feature {
   NormPlacement placement;
   unsigned effects = 0;
   SegOut segout = SegOut::plain;
+  RandOp rand = RandOp::none;
 };
 class FeatureFiniteDifference : public ::testing::TestWithParam<Feature> {};
 TEST_P(FeatureFiniteDifference, EveryGradientMatchesCentralDifferences) {
@@ -100,7 +101,16 @@ TEST_P(FeatureFiniteDifference, EveryGradientMatchesCentralDifferences) {
   c.placement = GetParam().placement;
   c.effects = GetParam().effects;
   c.segout = GetParam().segout;
+  c.rand = GetParam().rand;
   Fixture f = make_fixture(c);
+  if (c.rand == RandOp::jitter) {  // the per-token eps, as LibTorch's first forward would have drawn them
+    SplitMix64 rng(7);
+    f.masks.jitter.resize(static_cast<size_t>(c.layers));
+    for (auto& e : f.masks.jitter) {
+      e.resize(static_cast<size_t>(f.data.batch * f.data.seq));
+      for (auto& v : e) v = 3.0 * rng.normal();  // large, so that a jitter left out of a pass shows
+    }
+  }
   if (c.has(kNoise)) {  // the noise module's eps, as LibTorch's first forward would have drawn them
     SplitMix64 rng(99);
     f.masks.noise.resize(static_cast<size_t>(c.layers));
@@ -123,7 +133,9 @@ INSTANTIATE_TEST_SUITE_P(Features, FeatureFiniteDifference,
                                            Feature{"effects_tied", Tie::blocks, false, 0.0, NormPlacement::post,
                                                    kBatchNorm | kNoise | kCache | kCounter},
                                            Feature{"carried_skip", Tie::blocks, true, 0.01, NormPlacement::pre, 0,
-                                                   SegOut::alias}),
+                                                   SegOut::alias},
+                                           Feature{"jitter", Tie::none, false, 0.0, NormPlacement::post, kBatchNorm,
+                                                   SegOut::plain, RandOp::jitter}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 TEST(Features, TiedBlocksShareOneParameterSet) {
@@ -175,6 +187,24 @@ TEST(Features, CarriedSkipAddsTheStackInputBeforeTheFinalNorm) {
   const Fixture t = make_fixture(tied);
   tied.segout = SegOut::alias;  // x is (B,T,vocab) there: nothing to add to the stack output
   EXPECT_THROW(reference_forward_backward(tied, t.params, t.data, t.masks), std::invalid_argument);
+}
+
+// The jitter is in the forward (finite differences alone would pass a reference that left it out of both
+// passes): with eps given, layer outputs move; with eps 0 they are the plain ones.
+TEST(Features, JitterScalesEachTokensFfnOutput) {
+  ModelConfig c = small_config();
+  Fixture f = make_fixture(c);
+  const auto plain = reference_forward_backward(c, f.params, f.data, f.masks);
+  c.rand = RandOp::jitter;
+  f.masks.jitter.assign(static_cast<size_t>(c.layers),
+                        std::vector<double>(static_cast<size_t>(f.data.batch * f.data.seq), 0.0));
+  EXPECT_EQ(reference_forward_backward(c, f.params, f.data, f.masks).layer_out, plain.layer_out);
+  f.masks.jitter[0][1] = 1.0;
+  const auto jittered = reference_forward_backward(c, f.params, f.data, f.masks);
+  EXPECT_NE(jittered.layer_out[0], plain.layer_out[0]);
+  EXPECT_NE(jittered.dx, plain.dx);
+  f.masks.jitter[0].pop_back();
+  EXPECT_THROW(reference_forward_backward(c, f.params, f.data, f.masks), std::invalid_argument);
 }
 
 TEST(Features, Fp32EvaluationIsCloseToFp64) {

@@ -62,6 +62,7 @@ constexpr const Names<Activation, 4>& kAct = kActivationNames;
 constexpr const Names<LossKind, 2>& kLoss = kLossNames;
 constexpr const Names<Tie, 3>& kTie = kTieNames;
 constexpr const Names<SegOut, 3>& kSegOut = kSegOutNames;
+constexpr const Names<RandOp, 2>& kRand = kRandOpNames;
 constexpr std::array<std::pair<unsigned, std::string_view>, 6> kEffects{{{kCounter, "counter"},
                                                                          {kLog, "log"},
                                                                          {kBatchNorm, "bn"},
@@ -348,6 +349,11 @@ const std::vector<Field>& fields() {
         "a tensor every segment returns unchanged: none, the stack input itself, or a view of it (outputs that alias "
         "inputs; the stack output gains 0.5 x)",
         kSegOut, [](Case& c) -> SegOut& { return c.model.segout; }, false));
+    t.push_back(enum_field(
+        "rand",
+        "random ops other than dropout: none, or jitter (every FFN output scaled per token by 1 + 0.1 eps, eps ~ "
+        "N(0,1) of shape (batch, seq, 1): an odd number of normal draws where batch x seq is odd)",
+        kRand, [](Case& c) -> RandOp& { return c.model.rand; }, false));
     t.push_back(enum_field("prec", "precision: fp32, or the forward under bf16 / fp16 autocast", kPrec,
                            [](Case& c) -> Precision& { return c.precision; }));
     {

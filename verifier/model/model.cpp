@@ -128,9 +128,13 @@ torch::Tensor TransformerImpl::attn_half(int l, const torch::Tensor& x, const to
 }
 torch::Tensor TransformerImpl::ffn_half(int l, const torch::Tensor& x) {
   const BlockModules& b = blocks_.at(static_cast<size_t>(l));
-  if (c_.placement == NormPlacement::pre)
-    return x + tap_->apply(b.ffn->forward(b.norm2->forward(x), *tap_, l), l, DropoutSite::ffn_out);
-  return b.norm2->forward(x + tap_->apply(b.ffn->forward(x, *tap_, l), l, DropoutSite::ffn_out));
+  // The FFN's output, jittered (rand=jitter), through the ffn_out dropout site.
+  auto out = [&](torch::Tensor y) {
+    if (c_.rand == RandOp::jitter) y = tap_->jitter(y, l);
+    return tap_->apply(y, l, DropoutSite::ffn_out);
+  };
+  if (c_.placement == NormPlacement::pre) return x + out(b.ffn->forward(b.norm2->forward(x), *tap_, l));
+  return b.norm2->forward(x + out(b.ffn->forward(x, *tap_, l)));
 }
 
 // The side-effecting modules (reference/config.hpp) after block `l`'s FFN half. Each asks whether it runs

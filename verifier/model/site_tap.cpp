@@ -74,9 +74,23 @@ torch::Tensor SiteTap::noise(const torch::Tensor& y, int layer) {
   return y + eps * kNoiseScale;
 }
 
+torch::Tensor SiteTap::jitter(const torch::Tensor& y, int layer) {
+  const torch::Tensor eps = torch::randn({y.size(0), y.size(1), 1}, y.options().dtype(torch::kFloat));
+  if (recording_) {
+    NoiseCall rec;
+    rec.step = step_, rec.micro = micro_, rec.phase = phase_, rec.layer = layer;
+    for (const auto& r : jitter_calls_) rec.call += r.step == step_ && r.micro == micro_ && r.layer == layer;
+    ChargeTo instrument(nullptr);
+    rec.eps = eps.detach().to(torch::kCPU).clone();
+    jitter_calls_.push_back(std::move(rec));
+  }
+  return y * (1.0 + kJitterScale * eps);
+}
+
 DropoutMasks reference_masks(const std::vector<SiteCall>& calls, const std::vector<ReluCall>& relu,
-                             const std::vector<NoiseCall>& noise, const ModelConfig& cfg,
-                             const std::array<double, kNumDropoutSites>& p, int step, int micro) {
+                             const std::vector<NoiseCall>& noise, const std::vector<NoiseCall>& jitter,
+                             const ModelConfig& cfg, const std::array<double, kNumDropoutSites>& p, int step,
+                             int micro) {
   DropoutMasks m = DropoutMasks::none(cfg.layers);
   m.p = p;
   for (const auto& r : noise) {
@@ -84,6 +98,12 @@ DropoutMasks reference_masks(const std::vector<SiteCall>& calls, const std::vect
     if (m.noise.empty()) m.noise.resize(static_cast<size_t>(cfg.layers));
     const torch::Tensor f = r.eps.to(torch::kDouble).contiguous();
     m.noise[static_cast<size_t>(r.layer)].assign(f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
+  }
+  for (const auto& r : jitter) {
+    if (r.step != step || r.micro != micro || r.call != 0) continue;
+    if (m.jitter.empty()) m.jitter.resize(static_cast<size_t>(cfg.layers));
+    const torch::Tensor f = r.eps.to(torch::kDouble).contiguous();
+    m.jitter[static_cast<size_t>(r.layer)].assign(f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
   }
   for (const auto& r : relu) {
     if (r.step != step || r.micro != micro || r.call != 0) continue;

@@ -44,11 +44,11 @@ struct ReluCall {
   torch::Tensor positive;  // bool, CPU, (B,T,Dff)
 };
 
-// The eps a noise module drew (Effect kNoise): the reference adds the first forward's, and rng-replay
-// compares every recompute's with it.
+// The eps a noise module (Effect kNoise) or the jitter (rand=jitter) drew: the reference applies the
+// first forward's, and rng-replay compares every recompute's with it.
 struct NoiseCall {
   int step = 0, micro = 0, phase = 0, layer = 0, call = 0;
-  torch::Tensor eps;  // float, CPU, (B,T,D)
+  torch::Tensor eps;  // float, CPU, (B,T,D) for noise, (B,T,1) for jitter
 };
 
 class SiteTap {
@@ -64,6 +64,10 @@ class SiteTap {
   // y + kNoiseScale * eps with eps ~ N(0,1) from the device's default generator, recording eps.
   torch::Tensor noise(const torch::Tensor& y, int layer);
   const std::vector<NoiseCall>& noise_calls() const { return noise_calls_; }
+  // y * (1 + kJitterScale * eps) with eps ~ N(0,1) of shape (B,T,1) from the device's default generator
+  // (rand=jitter, config.hpp), recording eps.
+  torch::Tensor jitter(const torch::Tensor& y, int layer);
+  const std::vector<NoiseCall>& jitter_calls() const { return jitter_calls_; }
   int step() const { return step_; }
   int micro() const { return micro_; }
   const std::vector<SiteCall>& calls() const { return calls_; }
@@ -77,12 +81,14 @@ class SiteTap {
   std::vector<SiteCall> calls_;
   std::vector<ReluCall> relu_calls_;
   std::vector<NoiseCall> noise_calls_;
+  std::vector<NoiseCall> jitter_calls_;
 };
 
 // The decisions that the first forward of (step, micro) made, as the reference consumes them: the masks
-// of every site (sites without a mask, rate 0, stay identity) and the ReLU sides.
+// of every site (sites without a mask, rate 0, stay identity), the ReLU sides, the noise and the jitter.
 DropoutMasks reference_masks(const std::vector<SiteCall>& calls, const std::vector<ReluCall>& relu,
-                             const std::vector<NoiseCall>& noise, const ModelConfig& cfg,
-                             const std::array<double, kNumDropoutSites>& p, int step, int micro);
+                             const std::vector<NoiseCall>& noise, const std::vector<NoiseCall>& jitter,
+                             const ModelConfig& cfg, const std::array<double, kNumDropoutSites>& p, int step,
+                             int micro);
 
 }  // namespace ckv

@@ -50,6 +50,10 @@ std::string off_case_shapes(const Case& c, const RunRecord& r) {
       if (auto e = off("noise", x.step, x.micro, x.layer, x.eps, {c.batch, seq_of(c, x.micro), c.model.d_model});
           !e.empty())
         return e;
+  for (const auto& x : r.jitter)
+    if (x.call == 0)
+      if (auto e = off("jitter", x.step, x.micro, x.layer, x.eps, {c.batch, seq_of(c, x.micro), 1}); !e.empty())
+        return e;
   return "";
 }
 
@@ -74,7 +78,8 @@ ExpectedStep expected_step(const Observations& o, int step, RefScalar scalar, co
   e.batchnorm =
       step == 0 ? initial_batchnorm(c.model) : o.test.steps.at(static_cast<size_t>(step - 1)).ledger.batchnorm;
   for (int m = 0; m < c.micro; ++m) {
-    const DropoutMasks masks = reference_masks(o.test.sites, o.test.relu, o.test.noise, c.model, c.dropout, step, m);
+    const DropoutMasks masks =
+        reference_masks(o.test.sites, o.test.relu, o.test.noise, o.test.jitter, c.model, c.dropout, step, m);
     const ReferenceResult r = reference_forward_backward(c.model, params, data[static_cast<size_t>(m)], masks,
                                                          ReferenceOptions{faults, scalar, 1.0 / c.micro, m});
     // BatchNorm's running statistics: one update per layer per forward, in forward order.

@@ -100,6 +100,7 @@ struct RunRecord {
   std::vector<SiteCall> sites;
   std::vector<ReluCall> relu;
   std::vector<NoiseCall> noise;
+  std::vector<NoiseCall> jitter;  // rand=jitter's draws, every call
   std::vector<SegmentCallRecord> segment_calls;
   MemoryRecord memory;
   std::vector<StepTime> times;  // per completed step

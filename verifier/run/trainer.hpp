@@ -304,6 +304,7 @@ class Trainer {
     r.sites = tap_.calls();
     r.relu = tap_.relu_calls();
     r.noise = tap_.noise_calls();
+    r.jitter = tap_.jitter_calls();
     r.segment_calls = segment_calls_;
     r.memory = memory_;
     r.times = times_;

@@ -388,14 +388,14 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
     auto& [model, dropout, dropout_impl, seed, batch, seq, seqvar, steps, micro, sched, lr, opt, resume, input_frozen,
            freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, precision, device, plan, impl] = probe;
     auto& [layers, d_model, heads, ffn_mult, vocab, norm, placement, attention, causal, activation, loss, tie,
-           key_padding, aux_weight, effects, segout] = probe.model;
+           key_padding, aux_weight, effects, segout, rand] = probe.model;
     (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)seqvar, (void)steps,
         (void)micro;
     (void)sched, (void)lr, (void)opt, (void)resume, (void)input_frozen, (void)freeze, (void)hook, (void)gp;
     (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)precision, (void)device, (void)plan,
         (void)impl, (void)layers, (void)d_model, (void)heads;
     (void)ffn_mult, (void)vocab, (void)norm, (void)placement, (void)attention, (void)causal, (void)activation;
-    (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects, (void)segout;
+    (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects, (void)segout, (void)rand;
   }
   // One change per member (key_padding and aux_weight are one field, segio; attention and causal are
   // one, attn), each made as the field's own parser makes it.
@@ -415,6 +415,7 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
       {"model.key_padding+aux_weight", [](Case& c) { c = case_from_line(to_line(c) + " segio=multi"); }},
       {"model.effects", [](Case& c) { c.model.effects = kCounter; }},
       {"model.segout", [](Case& c) { c.model.segout = SegOut::view; }},
+      {"model.rand", [](Case& c) { c.model.rand = RandOp::jitter; }},
       {"dropout", [](Case& c) { c.dropout[1] = 0.25; }},
       {"dropout_impl", [](Case& c) { c.dropout_impl = DropoutImpl::native; }},
       {"seed", [](Case& c) { c.seed = 12345; }},

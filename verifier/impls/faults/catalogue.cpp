@@ -21,7 +21,7 @@ const std::vector<ImplEntry>& catalogue() {
       leaf_input_recompute(),    reentrant_no_autocast(),
       carry_input_grads(),       rng_ring(),
       static_shape_pad(),        thread_recompute_cache(),
-      leaf_output_dropped(),
+      leaf_output_dropped(),     engine_only_rng(),
   };
   return v;
 }

@@ -24,6 +24,7 @@ ImplEntry raw_storage_copy();        // recomputes from input copies read as con
 ImplEntry single_recompute();        // a second backward through the segment fails
 ImplEntry per_segment_state();       // RNG state kept per segment, not per call
 ImplEntry rng_ring();                // RNG states in a ring of 32 slots that wraps
+ImplEntry engine_only_rng();         // the CPU generator's engine replayed, not its cached normal
 ImplEntry replays_effects();         // the recompute is not marked: side effects happen twice
 ImplEntry rng_left_advanced();       // the generators are not put back after the recompute
 ImplEntry keep_activations();        // recomputed activations kept alive until the step ends
