@@ -173,16 +173,16 @@ std::vector<ReferenceTensor> reference_tensors(const Observations& o, size_t s) 
   return out;
 }
 
-std::optional<std::vector<CompareResult>> floor_comparisons(const Observations& o, size_t s) {
+FloorComparisons floor_comparisons(const Observations& o, size_t s) {
   const std::vector<ReferenceTensor> tensors = reference_tensors(o, s);
   std::vector<const std::vector<double>*> all64;
   for (const auto& x : tensors) all64.push_back(&x.e64);
   const double model_scale = reference_model_scale(all64);
-  std::vector<CompareResult> out;
+  FloorComparisons out;
   for (const auto& x : tensors) {
-    if (!std::all_of(x.e64.begin(), x.e64.end(), [](double v) { return std::isfinite(v); })) return std::nullopt;
-    out.push_back(compare_values(x.view, x.actual, x.e64, reference_floor_tolerance(x.e64, model_scale)));
-    if (!out.back().ok()) return std::nullopt;
+    if (!std::all_of(x.e64.begin(), x.e64.end(), [](double v) { return std::isfinite(v); })) out.decides = false;
+    out.results.push_back(compare_values(x.view, x.actual, x.e64, reference_floor_tolerance(x.e64, model_scale)));
+    if (!out.results.back().ok()) out.decides = false;
   }
   return out;
 }

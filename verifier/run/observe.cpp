@@ -291,11 +291,11 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     for (int s = 0; s < c.steps; ++s) {
       o.reference.fp64.push_back(expected_step(o, s, RefScalar::fp64));
       o.reference.fp32.emplace_back();
-      std::optional<std::vector<CompareResult>> floor = floor_comparisons(o, static_cast<size_t>(s));
-      if (!floor)
+      FloorComparisons floor = floor_comparisons(o, static_cast<size_t>(s));
+      if (!floor.decides)
         o.reference.fp32.back() =
             Fp32Evaluation{expected_step(o, s, RefScalar::fp32), expected_step(o, s, RefScalar::fp32, {}, true)};
-      o.reference.floor.push_back(floor ? std::move(*floor) : std::vector<CompareResult>{});
+      o.reference.floor.push_back(floor.decides ? std::move(floor.results) : std::vector<CompareResult>{});
     }
     o.reference.computed = true;
   }

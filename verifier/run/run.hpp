@@ -131,7 +131,8 @@ struct ReferenceRecord {
   std::string off_shape;
   std::vector<ExpectedStep> fp64;
   std::vector<std::optional<Fp32Evaluation>> fp32;  // per step, as fp64
-  // Per step without fp32 evaluations: floor_comparisons(), made to decide and judged by grad-reference.
+  // Per step without fp32 evaluations: floor_comparisons(), made to decide and judged by grad-reference
+  // (empty where the evaluations were made).
   std::vector<std::vector<CompareResult>> floor;
 };
 
@@ -253,9 +254,13 @@ struct ReferenceTensor {
 // o.reference.fp64[s].
 std::vector<ReferenceTensor> reference_tensors(const Observations& o, size_t s);
 // Step s's tensors (reference_tensors, in order) compared with their fp64 values under the bound's floor
-// (tolerance.hpp, reference_floor_tolerance); none when grad-reference needs step s's fp32 evaluations
-// instead: some tensor's fp64 value is not finite, or the run under test is off it by more than the floor.
-std::optional<std::vector<CompareResult>> floor_comparisons(const Observations& o, size_t s);
+// (tolerance.hpp, reference_floor_tolerance). `decides`: every fp64 value is finite and every comparison
+// held, so the fp32 evaluations cannot change grad-reference's verdict on the step and are not made.
+struct FloorComparisons {
+  std::vector<CompareResult> results;
+  bool decides = true;
+};
+FloorComparisons floor_comparisons(const Observations& o, size_t s);
 
 // One training run of the Case: with impl null (or plan none) nothing is checkpointed. Records
 // instead of throwing when the run fails.
