@@ -142,7 +142,7 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
       gen::set(&Case::resume, pick(0, 0, 0, 1, 2, 3)), gen::set(&Case::precision, gen_precision(o)),
       gen::set(&Case::plan, plan),
       // Fields added later come last, so the earlier fields of a seed's Cases stay what they were.
-      gen::set(&Case::inplace_on, pick(InplaceOn::input, InplaceOn::input, InplaceOn::mask)),
+      gen::set(&Case::inplace_on, pick(InplaceOn::input, InplaceOn::input, InplaceOn::mask, InplaceOn::param)),
       gen::set(&Case::inplace_micro, pick(0, 0, 1, 2)),
       gen::set(&Case::segin, pick(SegIn::plain, SegIn::plain, SegIn::plain, SegIn::plain, SegIn::plain, SegIn::view)),
       gen::set(&Case::seqvar, pick(0, 0, 0, 1, 2)));
@@ -183,6 +183,12 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
     c.inplace_micro %= c.micro;
     if (c.inplace_on == InplaceOn::mask && (!c.model.key_padding || seq_of(c, c.inplace_micro) < 2))
       c.inplace_on = InplaceOn::input;
+    if (c.inplace_on == InplaceOn::param) {  // between micro-batches: before the forward of one after the first
+      if (c.micro < 2)
+        c.inplace_on = InplaceOn::input;
+      else
+        c.inplace_micro = std::max(c.inplace_micro, 1);
+    }
     if (!c.inplace) c.inplace_on = InplaceOn::input, c.inplace_micro = 0;
     c.impl = o.impl;
     c.device = o.device;

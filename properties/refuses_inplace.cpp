@@ -4,8 +4,13 @@
 // either backward fails with an error (a version check, as torch's checkpoint and ckverify's builtin
 // do), or it completes with the gradients of the forward that ran (an implementation that recomputes
 // from its own copy of the input, e.g. a clone per call or torch.autograd.graph.save_on_cpu). The
-// second is judged against the same forward and backward with the input left alone.
+// second is judged against the same forward and backward with the input left alone. A segment's
+// parameters edited between micro-batches (inplace_on=param) must leave the gradients plain autograd
+// gives with the same edit.
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "properties/compare.hpp"
 #include "properties/property.hpp"
@@ -13,6 +18,61 @@
 namespace ckv {
 namespace {
 const char* kName = "refuses-inplace";
+
+// The gradients of a completed in-place experiment against the expected ones; "" when they match.
+std::string gradient_difference(const InplaceExperiment& e, const Tolerance& tol) {
+  if (e.grad_defined != e.expected_grad_defined) return "which parameters have a gradient";
+  if (e.grads.items.size() != e.expected_grads.items.size()) return "another number of gradients";
+  for (size_t k = 0; k < e.expected_grads.items.size(); ++k) {
+    const NamedArray& x = e.expected_grads.items[k];
+    const auto r = compare_values({x.name + ".grad", x.shape, {}}, e.grads.items[k].data, x.data, tol);
+    if (!r.ok()) return r.message();
+  }
+  if (e.dx.size() != e.expected_dx.size()) return "x.grad defined in one run only";
+  if (const auto r = compare_values({"x.grad", {}, {}}, e.dx, e.expected_dx, tol); !r.ok()) return r.message();
+  return "";
+}
+
+// inplace_on=param: the target segment's parameters edited in place between micro-batches, no forward
+// waiting for backward. Plain autograd completes with the new values' gradients for the later
+// micro-batches; a checkpoint must too (refusing is a finding: training that edits its weights between
+// micro-batches, as an EMA, a weight constraint or a pipeline's update does, would stop).
+Finding judge_parameter_edit(const Observations& o) {
+  const InplaceExperiment& e = o.inplace_exp;
+  const int k = o.c.inplace_micro;
+  const std::string where = fmt::format("step 0 micro {} segment {}", k, e.segment);
+  const std::string what = fmt::format(
+      "segment {}'s parameters were modified in place before micro-batch {}'s forward (every earlier backward done)",
+      e.segment, k);
+  if (e.threw)
+    return Finding::fail(kName, 0, where, what + ", and the run raised where plain autograd completes: " + e.message);
+  if (!e.reference_ran)
+    throw std::logic_error("refuses-inplace: plain autograd failed the parameter edit experiment: " +
+                           e.reference_error);
+  // The edit's effect on plain autograd's gradients, and their scale, bound the comparison.
+  double effect = 0.0, scale = o.baseline.steps.empty() ? 0.0 : step_gradient_scale(o.baseline.steps[0]);
+  auto measure = [&](const std::vector<double>& edited, const std::vector<double>& unedited) {
+    for (size_t i = 0; i < edited.size() && i < unedited.size(); ++i) {
+      if (!std::isfinite(edited[i]) || !std::isfinite(unedited[i])) continue;
+      effect = std::max(effect, std::abs(edited[i] - unedited[i]));
+      scale = std::max(scale, std::abs(edited[i]));
+    }
+  };
+  for (size_t k = 0; k < e.expected_grads.items.size() && k < e.unedited_grads.items.size(); ++k)
+    measure(e.expected_grads.items[k].data, e.unedited_grads.items[k].data);
+  measure(e.expected_dx, e.unedited_dx);
+  const int paths = o.c.gp > 0.0 ? 2 : 1;
+  // Every parameter taken as read by every layer and the head (tie=blocks, a tied head), along every path.
+  const int uses = paths * (o.c.model.layers + 2);
+  const Tolerance tol = parameter_edit_tolerance(o.c.precision, paths, uses, scale, effect);
+  if (const std::string d = gradient_difference(e, tol); !d.empty())
+    return Finding::fail(kName, 0, where,
+                         what +
+                             ", and the gradients are not plain autograd's with the same edit (a recompute from "
+                             "parameter values other than those its forward read): " +
+                             d);
+  return Finding::pass(kName, "parameters edited between micro-batches: the gradients are plain autograd's");
+}
 
 Finding judge(const Observations& o) {
   const InplaceExperiment& e = o.inplace_exp;
@@ -22,6 +82,7 @@ Finding judge(const Observations& o) {
                          "experiment changed anything, where the run under test did not (state kept across runs?): " +
                              e.why_not);
   if (!e.ran) return Finding::not_applicable(kName, e.why_not);
+  if (o.c.inplace_on == InplaceOn::param) return judge_parameter_edit(o);
   const bool mask = o.c.inplace_on == InplaceOn::mask;
   const int micro = o.c.inplace_micro;
   const std::string where = fmt::format("step 0 micro {} segment {}", micro, e.segment);
@@ -40,23 +101,12 @@ Finding judge(const Observations& o) {
   if (!e.reference_ran)
     return Finding::fail(kName, 0, where,
                          what + ", but the same backward with it left alone failed: " + e.reference_error);
-  const Tolerance tol = baseline_tolerance(o.c.precision);
-  auto differs = [&](const std::string& detail) {
+  if (const std::string d = gradient_difference(e, baseline_tolerance(o.c.precision)); !d.empty())
     return Finding::fail(kName, 0, where,
                          what +
                              ", with gradients that are not those of the forward that ran (the recompute did not "
                              "use the input the forward saw): " +
-                             detail);
-  };
-  if (e.grad_defined != e.expected_grad_defined) return differs("which parameters have a gradient");
-  if (e.grads.items.size() != e.expected_grads.items.size()) return differs("another number of gradients");
-  for (size_t k = 0; k < e.expected_grads.items.size(); ++k) {
-    const NamedArray& x = e.expected_grads.items[k];
-    const auto r = compare_values({x.name + ".grad", x.shape, {}}, e.grads.items[k].data, x.data, tol);
-    if (!r.ok()) return differs(r.message());
-  }
-  if (e.dx.size() != e.expected_dx.size()) return differs("x.grad defined in one run only");
-  if (const auto r = compare_values({"x.grad", {}, {}}, e.dx, e.expected_dx, tol); !r.ok()) return differs(r.message());
+                             d);
   return Finding::pass(kName,
                        "backward completed with the gradients of the forward that ran (the implementation recomputes "
                        "from its own copy of the input)");
@@ -67,7 +117,7 @@ Property refuses_inplace_property() {
   return {kName,
           "a checkpointed segment's input modified in place before backward makes backward fail, or backward yields "
           "the gradients of the forward that ran (a recompute from the implementation's own copy); never a recompute "
-          "from the new value",
+          "from the new value. Parameters edited between micro-batches leave plain autograd's gradients",
           judge};
 }
 

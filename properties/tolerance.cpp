@@ -52,6 +52,16 @@ Tolerance reorder_tolerance(Precision p, int paths, double step_scale) {
                       p == Precision::fp32 ? "" : ", in fp32 and in the autocast dtype")};
 }
 
+Tolerance parameter_edit_tolerance(Precision p, int paths, int uses, double step_scale, double edit_effect) {
+  const double share = p == Precision::fp32 ? kParamEditShare : kAutocastParamEditShare;
+  const Tolerance rounding =
+      looser(shared_gradient_tolerance(p, uses, step_scale), reorder_tolerance(p, paths, step_scale));
+  const Tolerance edit{
+      0.0, share * edit_effect,
+      fmt::format("{} of the {:.3g} by which the edit moves plain autograd's gradients", share, edit_effect)};
+  return looser(rounding, edit);
+}
+
 Tolerance design_floor_tolerance(double deviation) {
   return {0.0, kDesignFloorFactor * deviation,
           fmt::format("{} x the {:.3g} by which ckverify's reference reentrant checkpoint moves it on this step",

@@ -82,6 +82,17 @@ Tolerance reorder_tolerance(Precision p, int paths, double step_scale);
 // The factor leaves room for a third summation order, whose rounding lands elsewhere.
 inline constexpr double kDesignFloorFactor = 4.0;
 Tolerance design_floor_tolerance(double deviation);
+// refuses-inplace under inplace_on=param: the gradients of a run whose checkpointed segment's parameters
+// were edited in place between micro-batches, against plain autograd's with the same edit. A correct
+// checkpoint differs by summation order: the bounds above, every gradient taken as reaching its tensor
+// along `uses` paths. A recompute from other parameter values than its forward read moves the gradients
+// by a share of what the edit itself moves them (`edit_effect`: the largest |difference| the edit makes
+// in plain autograd's gradients, its parameters' and x's); kParamEditShare of it is allowed besides (and
+// kAutocastParamEditShare under autocast, where rounding that later layers amplify can approach a
+// gradient's own size), so an ill-conditioned step's rounding is never reported as a stale parameter.
+inline constexpr double kParamEditShare = 0.05;
+inline constexpr double kAutocastParamEditShare = 0.2;
+Tolerance parameter_edit_tolerance(Precision p, int paths, int uses, double step_scale, double edit_effect);
 // The larger atol of the two (same rtol 0).
 Tolerance looser(const Tolerance& a, const Tolerance& b);
 // That parameter after an optimizer step of rate lr, given the gradient tolerance: SGD moves it by lr

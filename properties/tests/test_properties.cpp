@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 #include <thread>
 
 #include "properties/generators.hpp"
 #include "properties/property.hpp"
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/checkpoint/frame.hpp"
+#include "verifier/impls/faults/reentrant.hpp"
 #include "verifier/impls/registry.hpp"
 
 namespace ckv {
@@ -222,6 +224,8 @@ const FaultDemo kDemos[] = {
     {"leaf-output-dropped", "segout=alias", "segout=view"},
     // Three normals per layer leave a cached one behind; the noise module's 24 per layer (d=8) never do.
     {"engine-only-rng", "rand=jitter batch=1 seq=3", "batch=1 seq=3 fx=noise"},
+    // Parameters edited between micro-batches; the same micro-batches with the hidden state edited instead.
+    {"step-weight-stash", "micro=2 inplace=true inplace_on=param inplace_micro=1", "micro=2 inplace=true"},
 };
 
 Case demo_case(const std::string& keys, const std::string& impl) {
@@ -546,6 +550,63 @@ TEST(RefusesInplace, AcceptsARecomputeFromItsOwnCopyAndStillKillsTheNewValue) {
     const Finding& g = finding(check_case(demo_case(keys, "no-version-check"), *broken), "refuses-inplace");
     EXPECT_TRUE(g.failed()) << keys << ": no-version-check survived";
     EXPECT_NE(g.detail.find("not those of the forward that ran"), std::string::npos) << keys << ": " << g.detail;
+  }
+}
+
+// inplace_on=param: a segment's parameters edited in place between micro-batches. Plain autograd gives
+// the later micro-batches the new values' gradients; so must every correct checkpoint, whatever it keeps
+// (the builtin; one that recomputes from a clone of its inputs per call; the reentrant reference design;
+// torch.utils.checkpoint in both modes, python_gate_tests). A recompute from the step's first parameter
+// values is a finding that says so, under either schedule and under autocast; a checkpoint that refuses
+// the later micro-batch (a version check across calls) is one too.
+TEST(RefusesInplace, ParametersEditedBetweenMicroBatchesGivePlainAutogradsGradients) {
+  class CloneEveryCall : public CheckpointImpl {
+   public:
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      std::vector<c10::IValue> copies(call.args.begin(), call.args.end());
+      for (auto& a : copies)
+        if (a.isTensor() && a.toTensor().defined()) a = a.toTensor().clone();
+      return checkpoint(call.fn, std::move(copies));
+    }
+  };
+  // Refuses every call after the step's first of a segment whose parameters changed since that one.
+  class ParameterVersionsPerStep : public CheckpointImpl {
+   public:
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      std::vector<uint32_t> v;
+      for (const auto& p : call.params) v.push_back(p._version());
+      auto [it, fresh] = first_.emplace(call.segment, v);
+      if (!fresh && it->second != v) throw std::runtime_error("a parameter changed within the step");
+      return checkpoint(call.fn, call.args);
+    }
+    void begin_step(int) override { first_.clear(); }
+
+   private:
+    std::map<int, std::vector<uint32_t>> first_;
+  };
+  for (const char* keys : {"micro=2 inplace=true inplace_on=param inplace_micro=1",
+                           "micro=3 sched=ffbb inplace=true inplace_on=param inplace_micro=2 plan=every2 layers=3",
+                           "micro=2 inplace=true inplace_on=param inplace_micro=1 prec=bf16",
+                           "micro=2 inplace=true inplace_on=param inplace_micro=1 tie=blocks",
+                           "micro=3 inplace=true inplace_on=param inplace_micro=1 gp=0.1 fx=bn segio=multi"}) {
+    auto builtin = make_builtin();
+    EXPECT_EQ(failures(check_case(demo_case(keys, "builtin"), *builtin)), "") << keys;
+    CloneEveryCall clones;
+    const auto fs = check_case(demo_case(keys, "builtin"), clones);
+    EXPECT_EQ(failures(fs), "") << keys;
+    const Finding& f = finding(fs, "refuses-inplace");
+    EXPECT_TRUE(f.applicable && !f.failed()) << keys << ": " << f.detail;
+    EXPECT_NE(f.detail.find("plain autograd's"), std::string::npos) << keys << ": " << f.detail;
+    faults::ReentrantCheckpoint reentrant;
+    EXPECT_EQ(failures(check_case(demo_case(keys, "builtin"), reentrant)), "") << keys;
+    auto stash = make_impl("step-weight-stash");
+    const Finding& g = finding(check_case(demo_case(keys, "step-weight-stash"), *stash), "refuses-inplace");
+    EXPECT_TRUE(g.failed()) << keys << ": step-weight-stash survived";
+    EXPECT_NE(g.detail.find("not plain autograd's with the same edit"), std::string::npos) << keys << ": " << g.detail;
+    ParameterVersionsPerStep strict;
+    const Finding& h = finding(check_case(demo_case(keys, "builtin"), strict), "refuses-inplace");
+    EXPECT_TRUE(h.failed()) << keys << ": a refusal passed";
+    EXPECT_NE(h.detail.find("raised where plain autograd completes"), std::string::npos) << keys << ": " << h.detail;
   }
 }
 

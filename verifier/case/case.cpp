@@ -52,7 +52,8 @@ constexpr Names<Freeze, 3> kFreeze{{{Freeze::none, "none"}, {Freeze::alt, "alt"}
 constexpr Names<Hook, 3> kHook{{{Hook::none, "none"}, {Hook::scale, "scale"}, {Hook::clip, "clip"}}};
 constexpr Names<Schedule, 2> kSched{{{Schedule::fb, "fb"}, {Schedule::ffbb, "ffbb"}}};
 constexpr Names<Optimizer, 2> kOpt{{{Optimizer::sgd, "sgd"}, {Optimizer::adam, "adam"}}};
-constexpr Names<InplaceOn, 2> kInplaceOn{{{InplaceOn::input, "input"}, {InplaceOn::mask, "mask"}}};
+constexpr Names<InplaceOn, 3> kInplaceOn{
+    {{InplaceOn::input, "input"}, {InplaceOn::mask, "mask"}, {InplaceOn::param, "param"}}};
 constexpr Names<SegIn, 2> kSegIn{{{SegIn::plain, "plain"}, {SegIn::view, "view"}}};
 constexpr Names<SegIO, 2> kSegIO{{{SegIO::single, "single"}, {SegIO::multi, "multi"}}};
 // The model's enums are spelled once, in reference/config.hpp.
@@ -335,12 +336,15 @@ const std::vector<Field>& fields() {
     t.push_back(bool_field("inplace", "also modify a checkpointed segment's input in place before backward",
                            [](Case& c) -> bool& { return c.inplace; }));
     t.push_back(enum_field(
-        "inplace_on", "what inplace=true modifies: the hidden state a checkpointed segment received, or the key mask",
+        "inplace_on",
+        "what inplace=true modifies: the hidden state a checkpointed segment received, the key mask, or that "
+        "segment's parameters between micro-batches",
         kInplaceOn, [](Case& c) -> InplaceOn& { return c.inplace_on; }, false));
     t.push_back(int_field(
         "inplace_micro",
-        "the micro-batch inplace=true modifies after its forward (under ffbb: with later ones waiting)", 0, 15,
-        [](Case& c) -> int& { return c.inplace_micro; }, false));
+        "the micro-batch inplace=true modifies after its forward (under ffbb: with later ones waiting); under "
+        "inplace_on=param the one before whose forward the parameters change",
+        0, 15, [](Case& c) -> int& { return c.inplace_micro; }, false));
     t.push_back(enum_field(
         "segin", "a segment's hidden-state input: as produced, or a non-contiguous view with a storage offset", kSegIn,
         [](Case& c) -> SegIn& { return c.segin; }, false));
@@ -590,6 +594,10 @@ void validate(const Case& c) {
     fail(
         "inplace_on=mask needs segio=multi (the key mask is a segment input) and seq >= 2 (the edit flips every key "
         "but the first) in the micro-batch it edits");
+  if (c.inplace_on == InplaceOn::param && c.inplace_micro < 1)
+    fail(
+        "inplace_on=param needs micro >= 2 and inplace_micro >= 1 (the parameters change before that micro-batch's "
+        "forward, after every earlier one's backward)");
   if (m.has(kBatchNorm) && c.batch * min_seq(c) < 4)
     fail(
         "fx=bn needs batch x seq >= 4 in every micro-batch: over fewer values per channel BatchNorm's output hardly "

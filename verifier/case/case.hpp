@@ -42,7 +42,7 @@ enum class Optimizer { sgd, adam };
 // What the in-place experiment (inplace=true) modifies between a forward and its backward: the hidden
 // state a checkpointed segment received, or the bool key mask every segment receives (segio=multi; plain
 // autograd does not save it, so a plain run's gradients are those of the forward that ran).
-enum class InplaceOn { input, mask };
+enum class InplaceOn { input, mask, param };
 // How a segment's hidden-state input arrives: as the previous segment produced it (contiguous), or as a
 // non-contiguous view with a storage offset of an equal-valued buffer (a view of a padded tensor, as a
 // slice of a larger activation is).
@@ -94,6 +94,8 @@ struct Case {
   InplaceOn inplace_on = InplaceOn::input;
   // The micro-batch whose forward the in-place experiment edits after; under sched=ffbb every forward of
   // the step runs first, so the edit lands while the later micro-batches' calls also wait for backward.
+  // Under inplace_on=param (at least 1): the micro-batch before whose forward the parameters are edited,
+  // every earlier one's forward and backward done.
   int inplace_micro = 0;
   SegIn segin = SegIn::plain;
   Precision precision = Precision::fp32;

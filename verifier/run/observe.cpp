@@ -231,16 +231,26 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
           Mode::inplace_input, [](const Trainer& t) { return t.inplace_result; }, o.inplace_exp);
       if (o.inplace_exp.ran && !o.inplace_exp.threw) {
         // Backward went through: correct only if the implementation recomputed from its own copy of the
-        // input, i.e. its gradients are those of the forward it ran (the input left alone).
+        // input, i.e. its gradients are those of the forward it ran (the input left alone). Parameters
+        // edited between micro-batches: those of plain autograd with the same edit.
+        const bool param = c.inplace_on == InplaceOn::param;
         try {
           const RestoreGlobalState restore{entry};
-          Trainer r(c, o, &impl, Mode::inplace_reference, target);
+          Trainer r(c, o, param ? nullptr : &impl, param ? Mode::inplace_input : Mode::inplace_reference, target);
           r.experiment();
           o.inplace_exp.reference_ran = !r.inplace_result.threw;
           o.inplace_exp.reference_error = r.inplace_result.message;
           o.inplace_exp.expected_grads = std::move(r.inplace_result.grads);
           o.inplace_exp.expected_grad_defined = std::move(r.inplace_result.grad_defined);
           o.inplace_exp.expected_dx = std::move(r.inplace_result.dx);
+          if (param && o.inplace_exp.reference_ran) {
+            Trainer u(c, o, nullptr, Mode::inplace_reference, target);
+            u.experiment();
+            if (u.inplace_result.threw)
+              throw std::runtime_error("plain autograd without the edit: " + u.inplace_result.message);
+            o.inplace_exp.unedited_grads = std::move(u.inplace_result.grads);
+            o.inplace_exp.unedited_dx = std::move(u.inplace_result.dx);
+          }
         } catch (const std::exception& e) {
           o.inplace_exp.reference_ran = false;
           o.inplace_exp.reference_error = "its forward failed: " + first_line(e.what());

@@ -164,7 +164,9 @@ inline constexpr const char* kPlantedFailure = "ckverify: planted failure in the
 // A segment input modified in place between forward and backward, in step 0 after the forward of
 // micro-batch c.inplace_micro (Trainer::experiment): under inplace_on=input the hidden state that the last
 // checkpointed segment through which gradient flows received gets a ramp added under no_grad; under
-// inplace_on=mask the key mask every segment receives flips all keys but the first.
+// inplace_on=mask the key mask every segment receives flips all keys but the first. Under
+// inplace_on=param that segment's parameters get a ramp added before micro-batch c.inplace_micro's
+// forward, after every earlier micro-batch's backward (Trainer::parameter_experiment).
 struct InplaceExperiment {
   bool ran = false;
   std::string why_not;
@@ -185,6 +187,10 @@ struct InplaceExperiment {
   ParamSet expected_grads;
   std::vector<bool> expected_grad_defined;
   std::vector<double> expected_dx;
+  // inplace_on=param: the expected ones are plain autograd's with the same edit; these are plain
+  // autograd's without it (the size of the edit's effect, which bounds the comparison).
+  ParamSet unedited_grads;
+  std::vector<double> unedited_dx;
 };
 
 // The run under test saved to a state file after c.resume micro-batches, loaded into a freshly built

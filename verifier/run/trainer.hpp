@@ -324,6 +324,7 @@ class Trainer {
     rng_.restore();
     if (impl_) impl_->begin_step(0);
     const bool inplace = mode_ == Mode::inplace_input || mode_ == Mode::inplace_reference;
+    if (inplace && c_.inplace_on == InplaceOn::param) return parameter_experiment();
     const int k = inplace ? c_.inplace_micro : 0;
     const bool all_forwards_first = inplace && c_.sched == Schedule::ffbb;
     const int n = all_forwards_first ? c_.micro : k + 1;
@@ -372,6 +373,50 @@ class Trainer {
       throw_result.threw = threw;
       throw_result.planted_message_seen = msg.find(kPlantedFailure) != std::string::npos;
       throw_result.message = first_line(msg);
+    }
+    live_.clear();
+    if (impl_) impl_->end_step(0);
+  }
+
+  // The in-place experiment under inplace_on=param: step 0 in two groups of micro-batches, each in the
+  // Case's schedule, with the target segment's parameters edited in place between them (before micro-batch
+  // k = c.inplace_micro's forward, every earlier backward done, so no forward waits for backward across
+  // the edit). Plain autograd gives the later micro-batches the new values' gradients, and so must a
+  // checkpoint: its recompute is of a forward that ran after the edit. Mode::inplace_reference runs the
+  // same without the edit (not used by the property; it keeps the modes' meaning uniform).
+  void parameter_experiment() {
+    const int k = c_.inplace_micro;
+    live_.assign(static_cast<size_t>(c_.micro), {});
+    auto run_group = [&](int first, int end) {
+      if (c_.sched == Schedule::ffbb) {
+        for (int m = first; m < end; ++m) forward(m);
+        for (int m = end; m-- > first;) backward(m);
+      } else {
+        for (int m = first; m < end; ++m) forward(m), backward(m);
+      }
+    };
+    run_group(0, k);
+    if (mode_ == Mode::inplace_input) {
+      torch::NoGradGuard no_grad;
+      // A ramp per parameter, not a constant: a LayerNorm or RMSNorm after a shifted or uniformly scaled
+      // weight could hide it.
+      for (const torch::Tensor& p : segment_params_.at(static_cast<size_t>(target_)))
+        p.add_(torch::linspace(0.05, 0.25, p.numel(), p.options()).reshape(p.sizes()));
+    }
+    bool threw = false;
+    std::string msg;
+    try {
+      run_group(k, c_.micro);
+    } catch (const std::exception& e) {
+      threw = true;
+      msg = e.what();
+    }
+    inplace_result.threw = threw;
+    inplace_result.message = first_line(msg);
+    if (!threw) {
+      inplace_result.grads = model_.grads();
+      inplace_result.grad_defined = model_.grads_defined();
+      for (const Live& l : live_) inplace_result.dx.insert(inplace_result.dx.end(), l.dx.begin(), l.dx.end());
     }
     live_.clear();
     if (impl_) impl_->end_step(0);

@@ -22,6 +22,7 @@ const std::vector<ImplEntry>& catalogue() {
       carry_input_grads(),       rng_ring(),
       static_shape_pad(),        thread_recompute_cache(),
       leaf_output_dropped(),     engine_only_rng(),
+      step_weight_stash(),
   };
   return v;
 }

@@ -20,6 +20,7 @@ ImplEntry no_restore_on_throw();     // global state restored only when the reco
 ImplEntry no_version_check();        // inputs modified in place are recomputed from silently
 ImplEntry unchecked_mask();          // only inputs that require grad are checked for in-place changes
 ImplEntry version_by_segment();      // the in-place check looks at the segment's latest call
+ImplEntry step_weight_stash();       // parameters copied once per step, every recompute runs on the copy
 ImplEntry raw_storage_copy();        // recomputes from input copies read as contiguous storage
 ImplEntry single_recompute();        // a second backward through the segment fails
 ImplEntry per_segment_state();       // RNG state kept per segment, not per call
