@@ -5,6 +5,7 @@
 #     updated again in the recompute (side-effect-once); everything else holds (--only fx=none).
 #   torch.utils.checkpoint, use_reentrant=True: holds within its documented limits (no torch.autograd.grad,
 #     an input that requires grad, no hooks on shared parameters, fp32); outside them ckverify finds each.
+#   both modes on parameters edited in place between micro-batches (inplace_on=param): they hold.
 #   preserve_rng_state=False must be killed by rng-replay.
 #   bad specs: one line, exit 2.
 #   the bridge: the recompute flag from Python (fx Cases), copy-based designs on inplace Cases, the
@@ -26,6 +27,14 @@ expect 0 "use_reentrant=false without side-effecting modules" -- "$ck" check --i
   --cases 300 --time-budget 150 --json nonreentrant.json
 expect 0 "use_reentrant=true within its documented limits" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none \
   --only gp=0 --only input=trainable --only hook=none --only prec=fp32 --cases 300 --time-budget 150
+# Parameters edited in place between micro-batches: both modes recompute from the values their forward read.
+for mode in false true; do
+  limits=(); [ $mode = true ] && limits=(--only gp=0 --only input=trainable --only hook=none --only prec=fp32)
+  expect 0 "use_reentrant=$mode, parameters edited between micro-batches" -- "$ck" check --impl $tuc:use_reentrant=$mode \
+    --only fx=none "${limits[@]}" --only inplace=true --only inplace_on=param --only micro=3 --only inplace_micro=1 \
+    --cases 40
+  grep -q "^held  refuses-inplace on" out.txt || { bad "use_reentrant=$mode param edits: refuses-inplace not judged"; cat out.txt; }
+done
 expect 1 "use_reentrant=true loses a tied weight's gradient under bf16 autocast" -- "$ck" repro \
   "$here/../../fixtures/python/torch-reentrant-tied-head-autocast-cache__grad-baseline.json"
 grep -q "head.weight.grad" out.txt || { bad "tied head finding"; cat out.txt; }
