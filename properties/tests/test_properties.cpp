@@ -519,21 +519,24 @@ TEST(MemorySaved, JudgesARecomputeOnAThreadTheImplementationStarts) {
   }
 }
 
+// A correct design that is not a version check: recomputes from its own copy of each input (a clone per
+// call, as offloading or partitioning checkpoints hold).
+class CloneEveryCall : public CheckpointImpl {
+ public:
+  std::vector<torch::Tensor> run(const SegmentCall& call) override {
+    std::vector<c10::IValue> copies(call.args.begin(), call.args.end());
+    for (auto& a : copies)
+      if (a.isTensor() && a.toTensor().defined()) a = a.toTensor().clone();
+    return checkpoint(call.fn, std::move(copies));
+  }
+};
+
 // refuses-inplace on a correct design that is not a version check: an implementation that recomputes
 // from its own copy of each input (a clone per call, as offloading or partitioning checkpoints hold) is
 // unaffected by the in-place change and yields the gradients of the forward it ran; it must pass, and the
 // no-version-check fault (which recomputes from the changed input) must still fail, on the same Cases:
 // the hidden state or the key mask, micro-batch 0 or a later one, plain inputs or views.
 TEST(RefusesInplace, AcceptsARecomputeFromItsOwnCopyAndStillKillsTheNewValue) {
-  class CloneEveryCall : public CheckpointImpl {
-   public:
-    std::vector<torch::Tensor> run(const SegmentCall& call) override {
-      std::vector<c10::IValue> copies(call.args.begin(), call.args.end());
-      for (auto& a : copies)
-        if (a.isTensor() && a.toTensor().defined()) a = a.toTensor().clone();
-      return checkpoint(call.fn, std::move(copies));
-    }
-  };
   auto broken = make_impl("no-version-check");
   for (const char* keys :
        {"inplace=true", "inplace=true plan=every2 prec=bf16", "inplace=true micro=2 sched=ffbb",
@@ -560,15 +563,6 @@ TEST(RefusesInplace, AcceptsARecomputeFromItsOwnCopyAndStillKillsTheNewValue) {
 // values is a finding that says so, under either schedule and under autocast; a checkpoint that refuses
 // the later micro-batch (a version check across calls) is one too.
 TEST(RefusesInplace, ParametersEditedBetweenMicroBatchesGivePlainAutogradsGradients) {
-  class CloneEveryCall : public CheckpointImpl {
-   public:
-    std::vector<torch::Tensor> run(const SegmentCall& call) override {
-      std::vector<c10::IValue> copies(call.args.begin(), call.args.end());
-      for (auto& a : copies)
-        if (a.isTensor() && a.toTensor().defined()) a = a.toTensor().clone();
-      return checkpoint(call.fn, std::move(copies));
-    }
-  };
   // Refuses every call after the step's first of a segment whose parameters changed since that one.
   class ParameterVersionsPerStep : public CheckpointImpl {
    public:

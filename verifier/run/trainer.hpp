@@ -361,13 +361,7 @@ class Trainer {
       msg = e.what();
     }
     if (inplace) {
-      inplace_result.threw = threw;
-      inplace_result.message = first_line(msg);
-      if (!threw) {
-        inplace_result.grads = model_.grads();
-        inplace_result.grad_defined = model_.grads_defined();
-        for (const Live& l : live_) inplace_result.dx.insert(inplace_result.dx.end(), l.dx.begin(), l.dx.end());
-      }
+      record_inplace_result(threw, msg);
     } else {
       throw_result.after = GlobalState::current();
       throw_result.threw = threw;
@@ -411,15 +405,18 @@ class Trainer {
       threw = true;
       msg = e.what();
     }
-    inplace_result.threw = threw;
-    inplace_result.message = first_line(msg);
-    if (!threw) {
-      inplace_result.grads = model_.grads();
-      inplace_result.grad_defined = model_.grads_defined();
-      for (const Live& l : live_) inplace_result.dx.insert(inplace_result.dx.end(), l.dx.begin(), l.dx.end());
-    }
+    record_inplace_result(threw, msg);
     live_.clear();
     if (impl_) impl_->end_step(0);
+  }
+  // What an in-place experiment's run came to: whether it raised (and what), else its gradients.
+  void record_inplace_result(bool threw, const std::string& msg) {
+    inplace_result.threw = threw;
+    inplace_result.message = first_line(msg);
+    if (threw) return;
+    inplace_result.grads = model_.grads();
+    inplace_result.grad_defined = model_.grads_defined();
+    for (const Live& l : live_) inplace_result.dx.insert(inplace_result.dx.end(), l.dx.begin(), l.dx.end());
   }
 
   // Whether this run kept the target segment's step 0, micro-batch 0 arguments for throw_experiment() (a
