@@ -19,17 +19,23 @@ namespace ckv {
 namespace {
 const char* kName = "refuses-inplace";
 
-// The gradients of a completed in-place experiment against the expected ones; "" when they match.
-std::string gradient_difference(const InplaceExperiment& e, const Tolerance& tol) {
-  if (e.grad_defined != e.expected_grad_defined) return "which parameters have a gradient";
-  if (e.grads.items.size() != e.expected_grads.items.size()) return "another number of gradients";
-  for (size_t k = 0; k < e.expected_grads.items.size(); ++k) {
-    const NamedArray& x = e.expected_grads.items[k];
-    const auto r = compare_values({x.name + ".grad", x.shape, {}}, e.grads.items[k].data, x.data, tol);
+// A completed run's gradients: parameters, which are defined, x.
+struct Gradients {
+  const ParamSet& grads;
+  const std::vector<bool>& defined;
+  const std::vector<double>& dx;
+};
+// `actual` against `expected`; "" when they match within tol.
+std::string gradient_difference(const Gradients& actual, const Gradients& expected, const Tolerance& tol) {
+  if (actual.defined != expected.defined) return "which parameters have a gradient";
+  if (actual.grads.items.size() != expected.grads.items.size()) return "another number of gradients";
+  for (size_t k = 0; k < expected.grads.items.size(); ++k) {
+    const NamedArray& x = expected.grads.items[k];
+    const auto r = compare_values({x.name + ".grad", x.shape, {}}, actual.grads.items[k].data, x.data, tol);
     if (!r.ok()) return r.message();
   }
-  if (e.dx.size() != e.expected_dx.size()) return "x.grad defined in one run only";
-  if (const auto r = compare_values({"x.grad", {}, {}}, e.dx, e.expected_dx, tol); !r.ok()) return r.message();
+  if (actual.dx.size() != expected.dx.size()) return "x.grad defined in one run only";
+  if (const auto r = compare_values({"x.grad", {}, {}}, actual.dx, expected.dx, tol); !r.ok()) return r.message();
   return "";
 }
 
@@ -49,6 +55,10 @@ Finding judge_parameter_edit(const Observations& o) {
   if (!e.reference_ran)
     throw std::logic_error("refuses-inplace: plain autograd failed the parameter edit experiment: " +
                            e.reference_error);
+  const ExperimentGradients &plain = e.plain_unedited, &unedited = e.impl_unedited;
+  if (!plain.ran)
+    throw std::logic_error("refuses-inplace: plain autograd failed the parameter edit experiment without the edit: " +
+                           plain.error);
   // The edit's effect on plain autograd's gradients, and their scale, bound the comparison.
   double effect = 0.0, scale = o.baseline.steps.empty() ? 0.0 : step_gradient_scale(o.baseline.steps[0]);
   auto measure = [&](const std::vector<double>& edited, const std::vector<double>& unedited) {
@@ -58,14 +68,26 @@ Finding judge_parameter_edit(const Observations& o) {
       scale = std::max(scale, std::abs(edited[i]));
     }
   };
-  for (size_t k = 0; k < e.expected_grads.items.size() && k < e.unedited_grads.items.size(); ++k)
-    measure(e.expected_grads.items[k].data, e.unedited_grads.items[k].data);
-  measure(e.expected_dx, e.unedited_dx);
+  for (size_t k = 0; k < e.expected_grads.items.size() && k < plain.grads.items.size(); ++k)
+    measure(e.expected_grads.items[k].data, plain.grads.items[k].data);
+  measure(e.expected_dx, plain.dx);
   const int paths = o.c.gp > 0.0 ? 2 : 1;
   // Every parameter taken as read by every layer and the head (tie=blocks, a tied head), along every path.
   const int uses = paths * (o.c.model.layers + 2);
   const Tolerance tol = parameter_edit_tolerance(o.c.precision, paths, uses, scale, effect);
-  if (const std::string d = gradient_difference(e, tol); !d.empty())
+  // An implementation whose gradients differ from plain autograd's without the edit too is wrong in a way
+  // the edit does not explain (grad-baseline's finding on the run under test); this property blames edits.
+  if (!unedited.ran)
+    return Finding::not_applicable(kName, "the same micro-batches without the edit raised: " + unedited.error);
+  if (const std::string d = gradient_difference({unedited.grads, unedited.grad_defined, unedited.dx},
+                                                {plain.grads, plain.grad_defined, plain.dx}, tol);
+      !d.empty())
+    return Finding::not_applicable(
+        kName, "without the edit the implementation's gradients already differ from plain autograd's (" + d +
+                   "): grad-baseline judges that");
+  if (const std::string d = gradient_difference({e.grads, e.grad_defined, e.dx},
+                                                {e.expected_grads, e.expected_grad_defined, e.expected_dx}, tol);
+      !d.empty())
     return Finding::fail(kName, 0, where,
                          what +
                              ", and the gradients are not plain autograd's with the same edit (a recompute from "
@@ -101,7 +123,10 @@ Finding judge(const Observations& o) {
   if (!e.reference_ran)
     return Finding::fail(kName, 0, where,
                          what + ", but the same backward with it left alone failed: " + e.reference_error);
-  if (const std::string d = gradient_difference(e, baseline_tolerance(o.c.precision)); !d.empty())
+  if (const std::string d = gradient_difference({e.grads, e.grad_defined, e.dx},
+                                                {e.expected_grads, e.expected_grad_defined, e.expected_dx},
+                                                baseline_tolerance(o.c.precision));
+      !d.empty())
     return Finding::fail(kName, 0, where,
                          what +
                              ", with gradients that are not those of the forward that ran (the recompute did not "

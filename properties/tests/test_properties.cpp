@@ -597,6 +597,12 @@ TEST(RefusesInplace, ParametersEditedBetweenMicroBatchesGivePlainAutogradsGradie
     const Finding& g = finding(check_case(demo_case(keys, "step-weight-stash"), *stash), "refuses-inplace");
     EXPECT_TRUE(g.failed()) << keys << ": step-weight-stash survived";
     EXPECT_NE(g.detail.find("not plain autograd's with the same edit"), std::string::npos) << keys << ": " << g.detail;
+    // Wrong without the edit too (parameters get no gradient): grad-baseline's finding, not this one's.
+    auto no_param_grads = make_impl("inputs-only-grad");
+    const auto ns = check_case(demo_case(keys, "inputs-only-grad"), *no_param_grads);
+    EXPECT_FALSE(finding(ns, "refuses-inplace").applicable) << keys << ": " << finding(ns, "refuses-inplace").detail;
+    EXPECT_NE(finding(ns, "refuses-inplace").detail.find("grad-baseline judges that"), std::string::npos) << keys;
+    EXPECT_TRUE(finding(ns, "grad-baseline").failed()) << keys;
     ParameterVersionsPerStep strict;
     const Finding& h = finding(check_case(demo_case(keys, "builtin"), strict), "refuses-inplace");
     EXPECT_TRUE(h.failed()) << keys << ": a refusal passed";

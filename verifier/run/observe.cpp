@@ -243,18 +243,29 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
           o.inplace_exp.expected_grads = std::move(r.inplace_result.grads);
           o.inplace_exp.expected_grad_defined = std::move(r.inplace_result.grad_defined);
           o.inplace_exp.expected_dx = std::move(r.inplace_result.dx);
-          if (param && o.inplace_exp.reference_ran) {
-            Trainer u(c, o, nullptr, Mode::inplace_reference, target);
-            u.experiment();
-            if (u.inplace_result.threw)
-              throw std::runtime_error("plain autograd without the edit: " + u.inplace_result.message);
-            o.inplace_exp.unedited_grads = std::move(u.inplace_result.grads);
-            o.inplace_exp.unedited_dx = std::move(u.inplace_result.dx);
-          }
         } catch (const std::exception& e) {
           o.inplace_exp.reference_ran = false;
           o.inplace_exp.reference_error = "its forward failed: " + first_line(e.what());
         }
+        // The same micro-batches without the edit, plainly and through the implementation.
+        auto unedited = [&](CheckpointImpl* which) {
+          ExperimentGradients g;
+          try {
+            const RestoreGlobalState restore{entry};
+            Trainer u(c, o, which, Mode::inplace_reference, target);
+            u.experiment();
+            g.ran = !u.inplace_result.threw, g.error = u.inplace_result.message;
+            g.grads = std::move(u.inplace_result.grads);
+            g.grad_defined = std::move(u.inplace_result.grad_defined);
+            g.dx = std::move(u.inplace_result.dx);
+          } catch (const std::exception& e) {
+            if (is_out_of_memory(e))
+              throw EnvironmentError("the experiments ran out of memory: " + first_line(e.what()));
+            g.error = "its forward failed: " + first_line(e.what());
+          }
+          return g;
+        };
+        if (param) o.inplace_exp.plain_unedited = unedited(nullptr), o.inplace_exp.impl_unedited = unedited(&impl);
       }
     } else {
       o.inplace_exp.why_not = "the case does not ask for it (inplace=false)";

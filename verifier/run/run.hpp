@@ -167,6 +167,14 @@ inline constexpr const char* kPlantedFailure = "ckverify: planted failure in the
 // inplace_on=mask the key mask every segment receives flips all keys but the first. Under
 // inplace_on=param that segment's parameters get a ramp added before micro-batch c.inplace_micro's
 // forward, after every earlier micro-batch's backward (Trainer::parameter_experiment).
+// One run of an experiment: its gradients (parameters, which are defined, x), or what it raised.
+struct ExperimentGradients {
+  bool ran = false;
+  std::string error;
+  ParamSet grads;
+  std::vector<bool> grad_defined;
+  std::vector<double> dx;
+};
 struct InplaceExperiment {
   bool ran = false;
   std::string why_not;
@@ -187,10 +195,10 @@ struct InplaceExperiment {
   ParamSet expected_grads;
   std::vector<bool> expected_grad_defined;
   std::vector<double> expected_dx;
-  // inplace_on=param: the expected ones are plain autograd's with the same edit; these are plain
-  // autograd's without it (the size of the edit's effect, which bounds the comparison).
-  ParamSet unedited_grads;
-  std::vector<double> unedited_dx;
+  // inplace_on=param: the expected ones are plain autograd's with the same edit. Without it: plain
+  // autograd's (the size of the edit's effect, which bounds the comparison) and the implementation's (a
+  // run that differs from plain autograd already without the edit is grad-baseline's finding, not this one).
+  ExperimentGradients plain_unedited, impl_unedited;
 };
 
 // The run under test saved to a state file after c.resume micro-batches, loaded into a freshly built
