@@ -220,7 +220,8 @@ Finding judge(const Observations& o) {
       return Finding::fail(
           kName, static_cast<int>(k), fmt::format("step {}, activation peak", k),
           fmt::format("plan {} peaked at {} above the step's start; without checkpointing {}, estimate for the plan {} "
-                      "(allowed {:.2f}x + {}): activations were kept that the plan frees",
+                      "(allowed {:.2f}x + {}): tensors were held that the plan does not keep (activations it frees, or "
+                      "copies the implementation made)",
                       plan_name(o), kib(peak), kib(e.baseline), kib(e.estimate), kFactor, kib(slack)));
   }
   std::string leak = leak_judged ? "nothing held after backward"
