@@ -50,12 +50,17 @@ Finding judge_parameter_edit(const Observations& o) {
   const std::string what = fmt::format(
       "segment {}'s parameters were modified in place before micro-batch {}'s forward (every earlier backward done)",
       e.segment, k);
+  const ExperimentGradients &plain = e.plain_unedited, &unedited = e.impl_unedited;
+  // An implementation that raises, or whose gradients differ from plain autograd's, without the edit too
+  // is wrong in a way the edit does not explain (completes' or grad-baseline's finding on the run under
+  // test); this property blames edits.
+  if (!unedited.ran)
+    return Finding::not_applicable(kName, "the same micro-batches without the edit raised too: " + unedited.error);
   if (e.threw)
     return Finding::fail(kName, 0, where, what + ", and the run raised where plain autograd completes: " + e.message);
   if (!e.reference_ran)
     throw std::logic_error("refuses-inplace: plain autograd failed the parameter edit experiment: " +
                            e.reference_error);
-  const ExperimentGradients &plain = e.plain_unedited, &unedited = e.impl_unedited;
   if (!plain.ran)
     throw std::logic_error("refuses-inplace: plain autograd failed the parameter edit experiment without the edit: " +
                            plain.error);
@@ -75,10 +80,6 @@ Finding judge_parameter_edit(const Observations& o) {
   // Every parameter taken as read by every layer and the head (tie=blocks, a tied head), along every path.
   const int uses = paths * (o.c.model.layers + 2);
   const Tolerance tol = parameter_edit_tolerance(o.c.precision, paths, uses, scale, effect);
-  // An implementation whose gradients differ from plain autograd's without the edit too is wrong in a way
-  // the edit does not explain (grad-baseline's finding on the run under test); this property blames edits.
-  if (!unedited.ran)
-    return Finding::not_applicable(kName, "the same micro-batches without the edit raised: " + unedited.error);
   if (const std::string d = gradient_difference({unedited.grads, unedited.grad_defined, unedited.dx},
                                                 {plain.grads, plain.grad_defined, plain.dx}, tol);
       !d.empty())

@@ -610,6 +610,24 @@ TEST(RefusesInplace, ParametersEditedBetweenMicroBatchesGivePlainAutogradsGradie
   }
 }
 
+// An implementation that raises on a later micro-batch whether or not the parameters changed is not
+// blamed for the edit: completes reports the run under test.
+TEST(RefusesInplace, ARaiseWithoutTheEditTooIsNotBlamedOnTheEdit) {
+  class RaisesAfterTheFirstMicroBatch : public CheckpointImpl {
+   public:
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      if (call.micro > 0) throw std::runtime_error("only one micro-batch supported");
+      return checkpoint(call.fn, call.args);
+    }
+  };
+  RaisesAfterTheFirstMicroBatch impl;
+  const auto fs = check_case(demo_case("micro=2 inplace=true inplace_on=param inplace_micro=1", "builtin"), impl);
+  const Finding& f = finding(fs, "refuses-inplace");
+  EXPECT_FALSE(f.applicable) << f.detail;
+  EXPECT_NE(f.detail.find("without the edit raised too"), std::string::npos) << f.detail;
+  EXPECT_TRUE(finding(fs, "completes").failed()) << failures(fs);
+}
+
 // segin=view hands each segment a non-contiguous view. A correct implementation may pass on or save a
 // contiguous copy of it (DeepSpeed's contiguous checkpointing, a clone() against in-place edits), and
 // fp32 kernels round differently on another layout (under pos=post a CPU matmul of 2 or 6 rows with

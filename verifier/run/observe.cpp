@@ -229,11 +229,11 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     if (c.inplace) {
       run_experiment(
           Mode::inplace_input, [](const Trainer& t) { return t.inplace_result; }, o.inplace_exp);
+      const bool param = c.inplace_on == InplaceOn::param;
       if (o.inplace_exp.ran && !o.inplace_exp.threw) {
         // Backward went through: correct only if the implementation recomputed from its own copy of the
         // input, i.e. its gradients are those of the forward it ran (the input left alone). Parameters
         // edited between micro-batches: those of plain autograd with the same edit.
-        const bool param = c.inplace_on == InplaceOn::param;
         try {
           const RestoreGlobalState restore{entry};
           Trainer r(c, o, param ? nullptr : &impl, param ? Mode::inplace_input : Mode::inplace_reference, target);
@@ -247,7 +247,10 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
           o.inplace_exp.reference_ran = false;
           o.inplace_exp.reference_error = "its forward failed: " + first_line(e.what());
         }
-        // The same micro-batches without the edit, plainly and through the implementation.
+      }
+      if (param && o.inplace_exp.ran) {
+        // The same micro-batches without the edit, plainly and through the implementation (which tells
+        // whether the edit explains what the implementation did: a raise or other gradients).
         auto unedited = [&](CheckpointImpl* which) {
           ExperimentGradients g;
           try {
@@ -265,7 +268,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
           }
           return g;
         };
-        if (param) o.inplace_exp.plain_unedited = unedited(nullptr), o.inplace_exp.impl_unedited = unedited(&impl);
+        o.inplace_exp.plain_unedited = unedited(nullptr), o.inplace_exp.impl_unedited = unedited(&impl);
       }
     } else {
       o.inplace_exp.why_not = "the case does not ask for it (inplace=false)";
