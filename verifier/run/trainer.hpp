@@ -377,7 +377,7 @@ class Trainer {
   // k = c.inplace_micro's forward, every earlier backward done, so no forward waits for backward across
   // the edit). Plain autograd gives the later micro-batches the new values' gradients, and so must a
   // checkpoint: its recompute is of a forward that ran after the edit. Mode::inplace_reference runs the
-  // same without the edit (not used by the property; it keeps the modes' meaning uniform).
+  // same micro-batches without the edit (plain autograd's and the implementation's, for the judge).
   void parameter_experiment() {
     const int k = c_.inplace_micro;
     live_.assign(static_cast<size_t>(c_.micro), {});
