@@ -103,8 +103,8 @@ double reference_model_scale(const std::vector<const std::vector<double>*>& e64)
 }
 
 Tolerance reference_floor_tolerance(const std::vector<double>& e64, double model_scale) {
-  return {0.0, kReferenceFloor * kFp32Eps * std::max(largest(e64), model_scale),
-          fmt::format("{} fp32 eps of the step's largest gradient", kReferenceFloor)};
+  static const std::string why = fmt::format("{} fp32 eps of the step's largest gradient", kReferenceFloor);
+  return {0.0, kReferenceFloor * kFp32Eps * std::max(largest(e64), model_scale), why};
 }
 
 StepConditioning step_conditioning(const std::vector<const std::vector<double>*>& e64,

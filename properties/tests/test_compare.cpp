@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "properties/compare.hpp"
 #include "properties/tolerance.hpp"
@@ -53,6 +54,53 @@ TEST(Compare, IdenticalValuesReportAsTheElementLoopDoes) {
   EXPECT_EQ(all_nan.r.max_abs_index, -1);
   EXPECT_FALSE(compare_values(v, {0, 1, 2, 3, 4}, {-0.0, 1, 2, 3, 4}, {0, 0, "bitwise"}).ok());
   EXPECT_TRUE(compare_values(v, {0, 1, 2, 3, 4}, {-0.0, 1, 2, 3, 4}, {1e-9, 0, "loose"}).ok());
+}
+
+// Finite values take a one-pass path; a NaN in the same place on both sides counts for nothing, and
+// sends the same values through the general loop: every figure but the element count must agree.
+TEST(Compare, FinitePathReportsAsTheGeneralLoop) {
+  std::mt19937_64 gen(17);
+  std::uniform_real_distribution<double> u(-2.0, 2.0);
+  std::uniform_int_distribution<int> kind(0, 5);
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t n = 1 + static_cast<size_t>(trial % 37);
+    std::vector<double> a(n), e(n);
+    for (size_t i = 0; i < n; ++i) {
+      e[i] = kind(gen) == 0 ? 0.0 : u(gen);
+      switch (kind(gen)) {
+        case 0:
+          a[i] = e[i];
+          break;  // equal
+        case 1:
+          a[i] = e[i] + 1e-7;
+          break;  // ties in absolute difference
+        case 2:
+          a[i] = e[i] == 0.0 ? -0.0 : -e[i];
+          break;  // sign flips, -0.0
+        default:
+          a[i] = e[i] + 1e-3 * u(gen);
+          break;
+      }
+    }
+    const Tolerance tol{trial % 3 == 0 ? 0.0 : 1e-4, trial % 2 == 0 ? 1e-5 : 1e-3, "t"};
+    const TensorView v{"t", {static_cast<int64_t>(n)}, {"i"}};
+    const CompareResult fast = compare_values(v, a, e, tol);
+    a.push_back(std::nan("")), e.push_back(std::nan(""));
+    const CompareResult loop = compare_values(TensorView{"t", {static_cast<int64_t>(n + 1)}, {"i"}}, a, e, tol);
+    SCOPED_TRACE(trial);
+    EXPECT_EQ(fast.r.total + 1, loop.r.total);
+    EXPECT_EQ(fast.ok(), loop.ok());
+    EXPECT_EQ(fast.r.mismatched, loop.r.mismatched);
+    EXPECT_EQ(fast.r.nonfinite, loop.r.nonfinite);
+    EXPECT_EQ(fast.r.max_abs, loop.r.max_abs);
+    EXPECT_EQ(fast.r.max_abs_index, loop.r.max_abs_index);
+    EXPECT_EQ(fast.r.actual_at_abs, loop.r.actual_at_abs);
+    EXPECT_EQ(fast.r.expected_at_abs, loop.r.expected_at_abs);
+    EXPECT_EQ(fast.r.max_rel, loop.r.max_rel);
+    EXPECT_EQ(fast.r.max_rel_index, loop.r.max_rel_index);
+    EXPECT_EQ(fast.r.actual_at_rel, loop.r.actual_at_rel);
+    EXPECT_EQ(fast.r.expected_at_rel, loop.r.expected_at_rel);
+  }
 }
 
 TEST(Tolerance, ReferenceBoundFollowsTheFp32EvaluationsOwnError) {
