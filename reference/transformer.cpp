@@ -249,14 +249,16 @@ struct Model {
 
   // ---- FFN ----
   static S sigmoid(S z) { return S(1) / (S(1) + std::exp(-z)); }
+  static S gelu_tanh_inner(S z) {  // tanh(sqrt(2/pi) (z + 0.044715 z^3))
+    return std::tanh(static_cast<S>(0.79788456080286535588) * (z + static_cast<S>(0.044715) * z * z * z));
+  }
   static S act_forward(Activation a, S z) {
-    const S k0 = static_cast<S>(0.79788456080286535588);  // sqrt(2/pi)
     const S inv_sqrt2 = static_cast<S>(0.70710678118654752440);
     switch (a) {
       case Activation::relu:
         return z > S(0) ? z : S(0);
       case Activation::gelu_tanh:
-        return S(0.5) * z * (S(1) + std::tanh(k0 * (z + static_cast<S>(0.044715) * z * z * z)));
+        return S(0.5) * z * (S(1) + gelu_tanh_inner(z));
       case Activation::gelu_erf:
         return S(0.5) * z * (S(1) + std::erf(z * inv_sqrt2));
       case Activation::swiglu:
@@ -264,18 +266,20 @@ struct Model {
     }
     return S(0);
   }
-  static S act_derivative(Activation a, S z) {
+  // gelu_tanh's derivative at z from th = gelu_tanh_inner(z), which its forward has already taken.
+  static S gelu_tanh_derivative(S z, S th) {
     const S k0 = static_cast<S>(0.79788456080286535588);
+    const S c3 = static_cast<S>(0.044715);
+    return S(0.5) * (S(1) + th) + S(0.5) * z * (S(1) - th * th) * k0 * (S(1) + S(3) * c3 * z * z);
+  }
+  static S act_derivative(Activation a, S z) {
     const S inv_sqrt2 = static_cast<S>(0.70710678118654752440);
     const S inv_sqrt2pi = static_cast<S>(0.39894228040143267794);  // 1/sqrt(2*pi)
-    const S c3 = static_cast<S>(0.044715);
     switch (a) {
       case Activation::relu:
         return z > S(0) ? S(1) : S(0);
-      case Activation::gelu_tanh: {
-        const S th = std::tanh(k0 * (z + c3 * z * z * z));
-        return S(0.5) * (S(1) + th) + S(0.5) * z * (S(1) - th * th) * k0 * (S(1) + S(3) * c3 * z * z);
-      }
+      case Activation::gelu_tanh:
+        return gelu_tanh_derivative(z, gelu_tanh_inner(z));
       case Activation::gelu_erf:
         return S(0.5) * (S(1) + std::erf(z * inv_sqrt2)) + z * std::exp(S(-0.5) * z * z) * inv_sqrt2pi;
       case Activation::swiglu: {
@@ -290,6 +294,9 @@ struct Model {
     Mat z1;   // (N,Dff) fc1 output
     Mat zg;   // (N,Dff) gate output (SwiGLU only)
     Mat a_d;  // (N,Dff) hidden after activation and dropout: the input of fc2
+    // Kept by forwards that backward follows (not ReLU): the activation's derivative at its input, and
+    // under SwiGLU silu(zg); each made where the forward computes the values it is made from.
+    Mat dact, silu;
   };
   // The replayed ReLU side of each FFN pre-activation of `layer`, or null.
   const std::vector<double>* relu_pattern(int layer) const {
@@ -316,9 +323,23 @@ struct Model {
       a = fc.z1.cwiseProduct(relu_derivative(fc.z1, layer));
     } else if (act == Activation::swiglu) {
       fc.zg = linear_forward(in, L + "gate");
-      a = fc.zg.unaryExpr([](S z) { return act_forward(Activation::swiglu, z); }).cwiseProduct(fc.z1);
+      Mat silu = fc.zg.unaryExpr([](S z) { return act_forward(Activation::swiglu, z); });
+      a = silu.cwiseProduct(fc.z1);
+      if (g) {
+        fc.dact = fc.zg.unaryExpr([](S z) { return act_derivative(Activation::swiglu, z); });
+        fc.silu = std::move(silu);
+      }
+    } else if (act == Activation::gelu_tanh && g) {
+      a.resize(fc.z1.rows(), fc.z1.cols());
+      fc.dact.resize(fc.z1.rows(), fc.z1.cols());
+      for (Eigen::Index i = 0; i < fc.z1.size(); ++i) {
+        const S z = fc.z1.data()[i], th = gelu_tanh_inner(z);
+        a.data()[i] = S(0.5) * z * (S(1) + th);
+        fc.dact.data()[i] = gelu_tanh_derivative(z, th);
+      }
     } else {
       a = fc.z1.unaryExpr([act](S z) { return act_forward(act, z); });
+      if (g) fc.dact = fc.z1.unaryExpr([act](S z) { return act_derivative(act, z); });
     }
     dropout_apply(a, layer, DropoutSite::ffn_hidden, false);
     fc.a_d = std::move(a);
@@ -345,16 +366,14 @@ struct Model {
     linear_backward(da, dout, fc.a_d, L + "fc2");
     dropout_apply(da, layer, DropoutSite::ffn_hidden, true);
     if (act == Activation::swiglu) {
-      const Mat silu = fc.zg.unaryExpr([](S z) { return act_forward(Activation::swiglu, z); });
-      const Mat dsilu = fc.zg.unaryExpr([](S z) { return act_derivative(Activation::swiglu, z); });
-      const Mat dz1 = da.cwiseProduct(silu);
-      const Mat dzg = da.cwiseProduct(fc.z1).cwiseProduct(dsilu);
+      const Mat dz1 = da.cwiseProduct(fc.silu);
+      const Mat dzg = da.cwiseProduct(fc.z1).cwiseProduct(fc.dact);
       linear_backward(din, dz1, fc.in, L + "fc1");
       linear_backward(din, dzg, fc.in, L + "gate");
     } else if (act == Activation::relu) {
       linear_backward(din, Mat(da.cwiseProduct(relu_derivative(fc.z1, layer))), fc.in, L + "fc1");
     } else {
-      const Mat dz1 = da.cwiseProduct(fc.z1.unaryExpr([act](S z) { return act_derivative(act, z); }));
+      const Mat dz1 = da.cwiseProduct(fc.dact);
       linear_backward(din, dz1, fc.in, L + "fc1");
     }
   }
@@ -543,7 +562,14 @@ ReferenceResult forward_backward(const ModelConfig& cfg, const ParamSet& params,
                                  const DropoutMasks& masks, const ReferenceOptions& o, bool with_backward) {
   check_inputs(cfg, params, data, masks);
   Tensors<S> grads = Tensors<S>::from(params, /*zero=*/true);
-  Model<S> m{cfg, Tensors<S>::from(params, false), &grads, data.batch, data.seq, masks, o.faults, o.earlier_forwards};
+  Model<S> m{cfg,
+             Tensors<S>::from(params, false),
+             with_backward ? &grads : nullptr,
+             data.batch,
+             data.seq,
+             masks,
+             o.faults,
+             o.earlier_forwards};
   const S scale = static_cast<S>(o.loss_scale);
   const auto fw = m.run_forward(data, scale);
   ReferenceResult r;
