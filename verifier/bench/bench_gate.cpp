@@ -3,8 +3,13 @@
 //                   runs, the two experiments, the fp64 and fp32 references), cycling over 64 generated cases
 //   BM_VerifiedCase / BM_PlainStep  one fixed default-size case: fully verified vs one plain training
 //                   step (forward + backward + SGD, no checkpointing); their ratio is the verification overhead.
+//   BM_GateRatio    the two alternated pair by pair: that ratio, its median and quartiles over the pairs.
 #include <benchmark/benchmark.h>
 #include <rapidcheck.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
 
 #include "properties/generators.hpp"
 #include "properties/property.hpp"
@@ -27,6 +32,40 @@ void BM_PlainStep(benchmark::State& st) {
   c.plan = Plan{};
   for (auto _ : st) benchmark::DoNotOptimize(train(c, nullptr));
 }
+// The two above alternated case by case in one loop: the ratio of each adjacent pair, so that a
+// machine whose speed drifts (other jobs, frequency) moves both sides of every ratio alike. Reports the
+// median pair ratio and its interquartile range (counters ratio, ratio_q1, ratio_q3).
+void BM_GateRatio(benchmark::State& st) {
+  const Case c = default_case();
+  Case plain = c;
+  plain.plan = Plan{};
+  auto impl = make_builtin();
+  std::vector<double> ratios;
+  auto time = [](auto&& run) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  bool verified_first = false;
+  for (auto _ : st) {
+    double v = 0.0, p = 0.0;
+    auto verified = [&] { v = time([&] { benchmark::DoNotOptimize(check_case(c, *impl)); }); };
+    auto step = [&] { p = time([&] { benchmark::DoNotOptimize(train(plain, nullptr)); }); };
+    if (verified_first)
+      verified(), step();
+    else
+      step(), verified();
+    verified_first = !verified_first;
+    ratios.push_back(v / p);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  auto at = [&](double q) { return ratios[static_cast<size_t>(q * static_cast<double>(ratios.size() - 1) + 0.5)]; };
+  if (!ratios.empty()) {
+    st.counters["ratio"] = at(0.5);
+    st.counters["ratio_q1"] = at(0.25);
+    st.counters["ratio_q3"] = at(0.75);
+  }
+}
 void BM_GateCase(benchmark::State& st) {
   std::vector<Case> cases;
   const auto gen = gen_case(CaseGenOptions{});
@@ -38,6 +77,7 @@ void BM_GateCase(benchmark::State& st) {
 }
 BENCHMARK(BM_VerifiedCase)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlainStep)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GateRatio)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GateCase)->Unit(benchmark::kMillisecond);
 }  // namespace
 
