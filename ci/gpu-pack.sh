@@ -9,7 +9,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
 rm -rf .gpu-deps
 for pkg in libeigen3-dev nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 librapidcheck-dev libgtest-dev libgmock-dev \
-           libbenchmark-dev libbenchmark1debian; do
+           libbenchmark-dev libbenchmark1debian libgloo-dev; do
   dpkg -L "$pkg" | while read -r f; do
     case "$f" in
       /usr/share/doc/*|/usr/share/pkgconfig/*|/usr/lib/x86_64-linux-gnu/pkgconfig/*) continue ;;

@@ -26,7 +26,7 @@ cd "$here"
 
 debs=(build-essential cmake ninja-build pkg-config ccache python3-venv python3-dev
       librapidcheck-dev libeigen3-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
-      nlohmann-json3-dev libcli11-dev libfmt-dev gnuplot-nox libtorch-dev clang-format)
+      nlohmann-json3-dev libcli11-dev libfmt-dev gnuplot-nox libtorch-dev libgloo-dev clang-format)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

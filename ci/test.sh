@@ -21,7 +21,7 @@ t3=$(date +%s)
 cmake -S . -B build-floor -G Ninja "${type[@]}" "${launcher[@]}" -DCKVERIFY_FLOOR=ON >/dev/null
 # Only what the fast tests need (the slow RapidCheck suite and the benchmarks run on the primary build).
 cmake --build build-floor -j "$jobs" --target reference_tests case_tests checkpoint_tests model_tests compare_tests \
-  resume_tests report_tests case_fuzz ckverify
+  resume_tests report_tests case_fuzz dist_tests dist_rank ckverify
 t4=$(date +%s)
 ctest --test-dir build-floor --output-on-failure -L fast -j "$jobs"
 t5=$(date +%s)

@@ -1,0 +1,116 @@
+// verifier/dist/collectives.cpp: see collectives.hpp.
+#include "verifier/dist/collectives.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include "verifier/checkpoint/compat.hpp"
+
+namespace ckv::dist {
+
+const char* to_string(Pass p) {
+  switch (p) {
+    case Pass::forward:
+      return "forward";
+    case Pass::recompute:
+      return "recompute";
+    case Pass::backward:
+      return "backward";
+  }
+  return "?";
+}
+const char* to_string(Collective c) {
+  switch (c) {
+    case Collective::all_reduce:
+      return "all_reduce";
+  }
+  return "?";
+}
+
+void CollectiveLedger::add(CollectiveRecord r) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  records_.push_back(std::move(r));
+}
+std::vector<CollectiveRecord> CollectiveLedger::records() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return records_;
+}
+int CollectiveLedger::count(Pass pass) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& r : records_) n += r.pass == pass;
+  return n;
+}
+int CollectiveLedger::count(Pass pass, const std::string& where) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& r : records_) n += r.pass == pass && r.where == where;
+  return n;
+}
+int64_t CollectiveLedger::bytes(Pass pass) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const auto& r : records_)
+    if (r.pass == pass) n += r.bytes;
+  return n;
+}
+void CollectiveLedger::clear() {
+  const std::lock_guard<std::mutex> lock(mu_);
+  records_.clear();
+}
+
+namespace {
+using torch::autograd::variable_list;
+
+// Sums t over the region's ranks (a new tensor; t is left alone) and records it.
+torch::Tensor all_reduce(const torch::Tensor& t, ParallelRegion& region, Pass pass, const std::string& where) {
+  torch::Tensor out = t.detach().contiguous().clone();
+  region.group->all_reduce_sum_(out);
+  if (region.ledger)
+    region.ledger->add({Collective::all_reduce, pass, static_cast<int64_t>(out.numel() * out.element_size()), where});
+  return out;
+}
+Pass forward_pass() {
+  return compat::current_backward_key() >= 0 ? Pass::recompute : Pass::forward;
+}
+
+// The backward of enter_parallel: the gradient all-reduced. (leave_parallel's backward is the identity.)
+struct AllReduceBackward : torch::autograd::Node {
+  std::shared_ptr<ParallelRegion> region;
+  std::string where;
+  variable_list apply(variable_list&& grads) override {
+    if (!grads.at(0).defined()) return {torch::Tensor()};
+    return {all_reduce(grads[0], *region, Pass::backward, where)};
+  }
+  std::string name() const override { return "ckv::dist::AllReduceBackward"; }
+};
+struct IdentityBackward : torch::autograd::Node {
+  variable_list apply(variable_list&& grads) override { return {grads.at(0)}; }
+  std::string name() const override { return "ckv::dist::IdentityBackward"; }
+};
+
+// `out` (a new tensor holding the forward's value) gets `node` as its gradient function, wired to x's.
+torch::Tensor attach(torch::Tensor out, const torch::Tensor& x, std::shared_ptr<torch::autograd::Node> node) {
+  if (!(torch::GradMode::is_enabled() && x.requires_grad())) return out;
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(out, node);
+  return out;
+}
+}  // namespace
+
+torch::Tensor enter_parallel(const torch::Tensor& x, const std::shared_ptr<ParallelRegion>& region,
+                             const std::string& where) {
+  auto node = std::shared_ptr<AllReduceBackward>(new AllReduceBackward(), torch::autograd::deleteNode);
+  node->region = region;
+  node->where = where;
+  // A copy, not an alias: the output must be a tensor of its own to carry a gradient function.
+  return attach(x.detach().clone(), x, node);
+}
+
+torch::Tensor leave_parallel(const torch::Tensor& y, const std::shared_ptr<ParallelRegion>& region,
+                             const std::string& where) {
+  torch::Tensor out = all_reduce(y, *region, forward_pass(), where);
+  return attach(out, y, std::shared_ptr<IdentityBackward>(new IdentityBackward(), torch::autograd::deleteNode));
+}
+
+}  // namespace ckv::dist

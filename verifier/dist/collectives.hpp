@@ -1,0 +1,66 @@
+// verifier/dist/collectives.hpp: the collectives of a tensor-parallel region as autograd functions
+// (Megatron-style), and the ledger that counts every collective they issue.
+//
+// enter_parallel(x): identity forward, all-reduce of the gradient in backward (where a replicated
+//   activation enters column-parallel layers: each rank's gradient of x is a partial sum).
+// leave_parallel(y): all-reduce forward (the row-parallel partial sums become the full output),
+//   identity backward.
+//
+// The ledger records each collective with its pass: `forward` when issued outside any backward call,
+// `recompute` when a forward collective is issued inside one (a checkpoint's recompute repeating it),
+// `backward` when issued by a backward function. The rule a checkpoint must keep: a recompute may repeat
+// forward collectives (or avoid them, by saving their results), and never issues a backward collective
+// more often than the run without checkpointing does.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "verifier/dist/group.hpp"
+
+namespace ckv::dist {
+
+enum class Pass { forward, recompute, backward };
+enum class Collective { all_reduce };
+const char* to_string(Pass p);
+const char* to_string(Collective c);
+
+struct CollectiveRecord {
+  Collective kind = Collective::all_reduce;
+  Pass pass = Pass::forward;
+  int64_t bytes = 0;
+  std::string where;  // the caller's label (the region: "layer1.attn.out")
+};
+
+class CollectiveLedger {
+ public:
+  void add(CollectiveRecord r);
+  std::vector<CollectiveRecord> records() const;
+  int count(Pass pass) const;
+  int count(Pass pass, const std::string& where) const;
+  int64_t bytes(Pass pass) const;
+  void clear();
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<CollectiveRecord> records_;
+};
+
+// A tensor-parallel region's group and the ledger its collectives go to. The backward functions of the
+// graphs built with it hold it (shared ownership), so it outlives them.
+struct ParallelRegion {
+  std::shared_ptr<Group> group;
+  std::shared_ptr<CollectiveLedger> ledger;  // may be null: nothing recorded
+};
+
+torch::Tensor enter_parallel(const torch::Tensor& x, const std::shared_ptr<ParallelRegion>& region,
+                             const std::string& where);
+torch::Tensor leave_parallel(const torch::Tensor& y, const std::shared_ptr<ParallelRegion>& region,
+                             const std::string& where);
+
+}  // namespace ckv::dist

@@ -1,0 +1,78 @@
+// verifier/dist/group.cpp: see group.hpp.
+#include "verifier/dist/group.hpp"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <stdexcept>
+
+namespace ckv::dist {
+
+struct Group::Impl {
+  c10::intrusive_ptr<c10d::Store> store;  // the whole group's store; subgroups prefix it
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  std::chrono::milliseconds timeout;
+};
+
+namespace {
+c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                     std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+}  // namespace
+
+std::shared_ptr<Group> Group::join(const GroupSpec& spec) {
+  if (spec.size < 1 || spec.rank < 0 || spec.rank >= spec.size)
+    throw std::invalid_argument("dist: rank " + std::to_string(spec.rank) + " of a group of " +
+                                std::to_string(spec.size));
+  auto impl = std::make_shared<Impl>();
+  auto file = c10::make_intrusive<c10d::FileStore>(spec.store_path, spec.size);
+  file->setTimeout(spec.timeout);
+  impl->store = file;
+  impl->timeout = spec.timeout;
+  impl->pg =
+      make_gloo(c10::make_intrusive<c10d::PrefixStore>("world", impl->store), spec.rank, spec.size, spec.timeout);
+  return std::make_shared<Group>(impl, spec.rank, spec.size, "world");
+}
+
+std::shared_ptr<Group> Group::subgroup(const std::string& name, const std::vector<int>& ranks) const {
+  int me = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size_)
+      throw std::invalid_argument("dist: subgroup " + name + " names rank " + std::to_string(ranks[i]) +
+                                  " of a group of " + std::to_string(size_));
+    if (ranks[i] == rank_) me = static_cast<int>(i);
+  }
+  if (me < 0) throw std::invalid_argument("dist: rank " + std::to_string(rank_) + " is not in subgroup " + name);
+  auto impl = std::make_shared<Impl>();
+  impl->store = impl_->store;
+  impl->timeout = impl_->timeout;
+  const int n = static_cast<int>(ranks.size());
+  impl->pg = make_gloo(c10::make_intrusive<c10d::PrefixStore>(name_ + "/" + name, impl->store), me, n, impl->timeout);
+  return std::make_shared<Group>(impl, me, n, name_ + "/" + name);
+}
+
+void Group::all_reduce_sum_(torch::Tensor& t) const {
+  if (!t.is_contiguous()) throw std::invalid_argument("dist: all_reduce of a non-contiguous tensor");
+  std::vector<torch::Tensor> ts{t};
+  impl_->pg->allreduce(ts)->wait();
+}
+
+std::vector<torch::Tensor> Group::all_gather(const torch::Tensor& t) const {
+  const torch::Tensor in = t.contiguous();
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(in));
+  std::vector<torch::Tensor> ins{in};
+  impl_->pg->allgather(out, ins)->wait();
+  return out[0];
+}
+
+void Group::barrier() const {
+  impl_->pg->barrier()->wait();
+}
+
+}  // namespace ckv::dist

@@ -1,0 +1,50 @@
+// verifier/dist/group.hpp: processes joined in a c10d process group over Gloo on 127.0.0.1, the
+// substrate of Cases with tensor or data parallelism (tp, dp). Every rank is a process of its own; they
+// meet through a FileStore (a file in the run's temporary directory), so nothing listens on a port.
+// Subgroups (the tensor-parallel ranks of one replica, the replicas of one shard) are process groups of
+// their own over a prefix of the same store. Collectives sum in place and wait; a rank that does not
+// arrive fails the others at the group's timeout with c10d's error (ranks.hpp kills and attributes).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ckv::dist {
+
+struct GroupSpec {
+  std::string store_path;  // the FileStore's file; every rank names the same one
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{30000};  // how long a collective waits for the other ranks
+};
+
+class Group {
+ public:
+  // Joins the group (every rank calls it with its own rank); returns once all have joined.
+  static std::shared_ptr<Group> join(const GroupSpec& spec);
+  // The subgroup whose members are `ranks` (ranks of this group, in the subgroup's order); every member
+  // calls it with the same `name` and `ranks`, and no other rank needs to.
+  std::shared_ptr<Group> subgroup(const std::string& name, const std::vector<int>& ranks) const;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+  void all_reduce_sum_(torch::Tensor& t) const;                         // in place; t must be contiguous
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t) const;  // every rank's t, in rank order
+  void barrier() const;
+
+  struct Impl;
+  explicit Group(std::shared_ptr<Impl> impl, int rank, int size, std::string name)
+      : impl_(std::move(impl)), rank_(rank), size_(size), name_(std::move(name)) {}
+
+ private:
+  std::shared_ptr<Impl> impl_;
+  int rank_, size_;
+  std::string name_;
+};
+
+}  // namespace ckv::dist

@@ -1,0 +1,45 @@
+// verifier/dist/ranks.hpp: starts the ranks of a multi-process run and accounts for every one of them.
+// Each rank is `exe args...` with CKV_RANK, CKV_WORLD and CKV_STORE (the FileStore path, in `dir`) in its
+// environment, its standard output in dir/rank<N>.out and its standard error in dir/rank<N>.err. The ranks share one
+// process group of their own, which is killed whole: when the deadline passes, and a grace period after the first rank
+// fails (the others would otherwise wait in a collective until their own timeout). Nothing they started outlives
+// run_ranks.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ckv::dist {
+
+struct RankOutcome {
+  enum class Status { ok, failed, crashed, timed_out, stopped_after_failure };
+  int rank = 0;
+  Status status = Status::ok;
+  int code = 0;                  // exit status (failed) or signal (crashed)
+  std::string stderr_tail;       // the last lines it wrote to standard error
+  std::string describe() const;  // one line: "rank 1 crashed (signal 6): ..."
+};
+
+struct RankLaunch {
+  std::string exe;
+  std::vector<std::string> args;
+  int world = 1;
+  std::string dir;  // an existing directory of the run's own (the store file and the logs)
+  std::chrono::milliseconds deadline{60000};
+  std::chrono::milliseconds grace{3000};  // after the first failure, before the rest are killed
+};
+
+std::vector<RankOutcome> run_ranks(const RankLaunch& launch);
+// The first rank that did not succeed, by cause (a crash or failure before the ranks stopped because
+// of it), or nullptr when every rank succeeded.
+const RankOutcome* first_failure(const std::vector<RankOutcome>& outcomes);
+
+// In a rank: its rank, world size and store path from the environment, or throws.
+struct RankEnv {
+  int rank = 0, world = 1;
+  std::string store;
+  static RankEnv from_environment();
+};
+
+}  // namespace ckv::dist

@@ -1,0 +1,145 @@
+// verifier/tests/dist_rank.cpp: the rank program dist_tests starts through run_ranks (ranks.hpp). argv[1]
+// names the scenario; the rank writes what it found to <store dir>/result<rank>.txt and exits 0, or
+// exits nonzero with the reason on standard error.
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "verifier/checkpoint/checkpoint.hpp"
+#include "verifier/dist/collectives.hpp"
+#include "verifier/dist/ranks.hpp"
+
+using namespace ckv;
+using namespace ckv::dist;
+
+namespace {
+std::string dir_of(const std::string& path) {
+  return path.substr(0, path.rfind('/'));
+}
+
+bool close(const torch::Tensor& a, const torch::Tensor& b) {
+  return torch::allclose(a, b, 1e-5, 1e-6);
+}
+
+// A tensor-parallel MLP over the group's ranks (column-parallel fc1, row-parallel fc2) against the same
+// MLP unsharded on every rank: outputs, input gradient and each shard's parameter gradients must match
+// the unsharded ones' slices. With `mode` checkpoint (or checkpoint-full: no early stop) the region
+// runs inside the builtin checkpoint. Writes the ledger's counts per pass.
+int tp_mlp(const RankEnv& env, const std::string& mode) {
+  const int64_t N = 4, D = 8, F = 16;
+  const int tp = env.world;
+  auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+  auto region = std::make_shared<ParallelRegion>();
+  region->group = world->subgroup("tp", [&] {
+    std::vector<int> r;
+    for (int i = 0; i < tp; ++i) r.push_back(i);
+    return r;
+  }());
+  region->ledger = std::make_shared<CollectiveLedger>();
+  torch::manual_seed(0);
+  const torch::Tensor w1 = torch::randn({F, D}), w2 = torch::randn({D, F}), x0 = torch::randn({N, D}),
+                      target = torch::randn({N, D});
+  // Unsharded.
+  torch::Tensor xu = x0.clone().requires_grad_(), w1u = w1.clone().requires_grad_(), w2u = w2.clone().requires_grad_();
+  const torch::Tensor outu = torch::gelu(xu.matmul(w1u.t())).matmul(w2u.t());
+  (outu * target).sum().backward();
+  // Sharded: rank r holds rows [r F/tp, (r+1) F/tp) of fc1 and the same columns of fc2.
+  const int64_t lo = env.rank * F / tp, hi = (env.rank + 1) * F / tp;
+  torch::Tensor x = x0.clone().requires_grad_(), w1s = w1.slice(0, lo, hi).clone().requires_grad_(),
+                w2s = w2.slice(1, lo, hi).clone().requires_grad_();
+  auto region_fn = [&](const torch::Tensor& in) {
+    const torch::Tensor h = torch::gelu(enter_parallel(in, region, "mlp.in").matmul(w1s.t()));
+    return leave_parallel(h.matmul(w2s.t()), region, "mlp.out");
+  };
+  torch::Tensor out;
+  if (mode == "plain") {
+    out = region_fn(x);
+  } else {
+    CheckpointOptions options;
+    options.early_stop = mode != "checkpoint-full";
+    out = ckv::checkpoint(region_fn, x, options);
+  }
+  (out * target).sum().backward();
+  std::string bad;
+  if (!close(out, outu)) bad += " output";
+  if (!close(x.grad(), xu.grad())) bad += " x.grad";
+  if (!close(w1s.grad(), w1u.grad().slice(0, lo, hi))) bad += " fc1.grad";
+  if (!close(w2s.grad(), w2u.grad().slice(1, lo, hi))) bad += " fc2.grad";
+  if (!bad.empty()) {
+    std::cerr << "rank " << env.rank << " (" << mode << "): differs from the unsharded MLP in" << bad << "\n";
+    return 1;
+  }
+  std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt")
+      << region->ledger->count(Pass::forward) << " " << region->ledger->count(Pass::recompute) << " "
+      << region->ledger->count(Pass::backward) << " " << region->ledger->bytes(Pass::backward) << "\n";
+  world->barrier();
+  return 0;
+}
+
+int all_reduce_ranks(const RankEnv& env) {
+  auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+  torch::Tensor t = torch::full({3}, static_cast<float>(env.rank + 1));
+  world->all_reduce_sum_(t);
+  const float want = static_cast<float>(env.world * (env.world + 1) / 2);
+  const auto gathered = world->all_gather(torch::full({2}, static_cast<float>(env.rank)));
+  for (int r = 0; r < env.world; ++r)
+    if (gathered[static_cast<size_t>(r)][0].item<float>() != static_cast<float>(r)) {
+      std::cerr << "all_gather: slot " << r << " holds another rank's tensor\n";
+      return 1;
+    }
+  if (t[0].item<float>() != want) {
+    std::cerr << "all_reduce gave " << t[0].item<float>() << ", want " << want << "\n";
+    return 1;
+  }
+  std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt") << t[0].item<float>() << "\n";
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc < 2) throw std::runtime_error("usage: dist_rank SCENARIO [MODE]");
+    const std::string scenario = argv[1];
+    const RankEnv env = RankEnv::from_environment();
+    torch::set_num_threads(1);
+    if (scenario == "all_reduce") return all_reduce_ranks(env);
+    if (scenario == "tp_mlp") return tp_mlp(env, argc > 2 ? argv[2] : "plain");
+    if (scenario == "hang") {  // rank 1 never finishes (and ignores SIGTERM); the others do
+      if (env.rank == 1) {
+        std::signal(SIGTERM, SIG_IGN);
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      return 0;
+    }
+    if (scenario == "crash") {  // rank 1 aborts before the collective rank 0 waits in
+      if (env.rank == 1) std::abort();
+      auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(60)});
+      torch::Tensor t = torch::ones({1});
+      world->all_reduce_sum_(t);
+      return 0;
+    }
+    if (scenario == "fail") {
+      if (env.rank == 1) {
+        std::cerr << "rank 1: planted failure\n";
+        return 3;
+      }
+      return 0;
+    }
+    if (scenario == "orphan") {  // rank 0 leaves a child of its own behind (in the ranks' group)
+      pid_t child = 0;
+      if (env.rank == 0 && (child = ::fork()) == 0) {
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt") << child << "\n";
+      return 0;
+    }
+    throw std::runtime_error("unknown scenario " + scenario);
+  } catch (const std::exception& e) {
+    std::cerr << "rank: " << e.what() << "\n";
+    return 2;
+  }
+}

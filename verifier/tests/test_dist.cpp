@@ -1,0 +1,131 @@
+// verifier/tests/test_dist.cpp: the multi-process substrate of tensor- and data-parallel Cases
+// (verifier/dist/): ranks joined over Gloo on 127.0.0.1, the tensor-parallel collectives against an
+// unsharded computation, the ledger under a checkpoint's recompute, and the launcher's accounting of
+// ranks that fail, crash, hang or leave processes behind. The ranks are dist_rank (dist_rank.cpp).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "verifier/dist/ranks.hpp"
+
+namespace ckv::dist {
+namespace {
+namespace fs = std::filesystem;
+
+class Dist : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(CKVERIFY_TEST_TMP) /
+           ("dist-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::vector<RankOutcome> run(const std::vector<std::string>& args, int world, int deadline_ms = 60000,
+                               int grace_ms = 3000) {
+    RankLaunch l;
+    l.exe = CKVERIFY_DIST_RANK;
+    l.args = args;
+    l.world = world;
+    l.dir = dir_.string();
+    l.deadline = std::chrono::milliseconds(deadline_ms);
+    l.grace = std::chrono::milliseconds(grace_ms);
+    return run_ranks(l);
+  }
+  std::string result(int rank) const {
+    std::ifstream in(dir_ / ("result" + std::to_string(rank) + ".txt"));
+    std::string line;
+    std::getline(in, line);
+    return line;
+  }
+  static std::string describe(const std::vector<RankOutcome>& o) {
+    std::string s;
+    for (const auto& r : o) s += r.describe() + "\n";
+    return s;
+  }
+  fs::path dir_;
+};
+
+TEST_F(Dist, RanksJoinAndReduceAcrossProcesses) {
+  const auto o = run({"all_reduce"}, 3);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(result(r), "6");
+}
+
+// Column-parallel fc1 and row-parallel fc2 on 2 ranks give the unsharded MLP's output and gradients
+// (each rank checks its own shard); the ledger: one forward all-reduce (leaving the region), one
+// backward all-reduce (the input's gradient entering it), nothing in a recompute.
+TEST_F(Dist, TensorParallelMlpMatchesTheUnshardedOne) {
+  const auto o = run({"tp_mlp", "plain"}, 2);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "1 0 1 128") << "rank " << r;  // 4x8 floats
+}
+
+// Under the builtin checkpoint the gradients still match. Run to the end, the recompute repeats the
+// region's forward all-reduce (recorded as recompute) and issues no backward one twice; with early stop
+// (the default) it ends at fc2's saved tensors, before the all-reduce, and repeats nothing.
+TEST_F(Dist, ARecomputeRepeatsOnlyForwardCollectives) {
+  auto o = run({"tp_mlp", "checkpoint-full"}, 2);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "1 1 1 128") << "rank " << r;
+  o = run({"tp_mlp", "checkpoint"}, 2);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "1 0 1 128") << "rank " << r;
+}
+
+TEST_F(Dist, AFailingRankIsNamedWithItsMessage) {
+  const auto o = run({"fail"}, 2);
+  const RankOutcome* f = first_failure(o);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->rank, 1);
+  EXPECT_EQ(f->status, RankOutcome::Status::failed);
+  EXPECT_EQ(f->code, 3);
+  EXPECT_NE(f->describe().find("planted failure"), std::string::npos) << f->describe();
+  EXPECT_EQ(o[0].status, RankOutcome::Status::ok);
+}
+
+// Rank 1 aborts; rank 0 waits for it in a collective and is killed after the grace period: the crash is
+// what is reported first, not rank 0's wait.
+TEST_F(Dist, ACrashIsBlamedOnTheRankThatCrashed) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto o = run({"crash"}, 2, 60000, 1000);
+  const RankOutcome* f = first_failure(o);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->rank, 1) << describe(o);
+  EXPECT_EQ(f->status, RankOutcome::Status::crashed);
+  EXPECT_EQ(f->code, SIGABRT);
+  EXPECT_NE(o[0].status, RankOutcome::Status::ok) << describe(o);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "rank 0 was not stopped";
+}
+
+TEST_F(Dist, AHungRankIsKilledAtTheDeadline) {
+  const auto o = run({"hang"}, 2, 2000);
+  EXPECT_EQ(o[0].status, RankOutcome::Status::ok);
+  EXPECT_EQ(o[1].status, RankOutcome::Status::timed_out) << describe(o);
+  ASSERT_NE(first_failure(o), nullptr);
+  EXPECT_EQ(first_failure(o)->rank, 1);
+}
+
+// A process a rank started and left running dies with the ranks.
+TEST_F(Dist, NothingARankStartedOutlivesTheRun) {
+  const auto o = run({"orphan"}, 2);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  const int child = std::stoi(result(0));
+  ASSERT_GT(child, 0);
+  const fs::path proc = fs::path("/proc") / std::to_string(child);
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {  // killed at once; reaped by whoever inherited it
+    std::ifstream stat(proc / "stat");
+    std::string pid, comm, state;
+    gone = !(stat >> pid >> comm >> state) || state == "Z";
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(gone) << "process " << child << " is still running";
+}
+
+}  // namespace
+}  // namespace ckv::dist
