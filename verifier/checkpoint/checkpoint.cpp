@@ -58,9 +58,9 @@ std::unique_ptr<torch::autograd::SavedVariableHooks> forward_hooks(const std::sh
   return std::make_unique<ForwardHooks>(frame);
 }
 
-GlobalStateGuard::GlobalStateGuard(bool rng)
+GlobalStateGuard::GlobalStateGuard(bool rng, const std::vector<at::Generator>& extra)
     : autocast_(compat::AutocastState::current()), grad_(torch::GradMode::is_enabled()) {
-  if (rng) rng_ = RngState::capture();
+  if (rng) rng_ = RngState::capture(extra);
 }
 GlobalStateGuard::~GlobalStateGuard() {
   if (!rng_.empty()) rng_.restore();
@@ -81,7 +81,7 @@ RecomputeFrame::RecomputeFrame(SegmentFunction fn, std::vector<c10::IValue> args
 
 void RecomputeFrame::capture_state() {
   forward_autocast_ = compat::AutocastState::current();
-  if (options_.preserve_rng) forward_rng_ = RngState::capture();
+  if (options_.preserve_rng) forward_rng_ = RngState::capture(options_.generators);
 }
 
 std::vector<torch::Tensor> RecomputeFrame::run_forward() {
@@ -309,7 +309,7 @@ void RecomputeFrame::recompute() {
     RecomputeFrame* f;
     ~Forget() { f->prepared_args_.reset(); }
   } forget{this};
-  GlobalStateGuard guard(options_.preserve_rng);
+  GlobalStateGuard guard(options_.preserve_rng, options_.generators);
   if (options_.preserve_rng) replay_rng();
   compat::ScopedAutocastState autocast(recompute_autocast());
   torch::AutoGradMode grad_on(true);

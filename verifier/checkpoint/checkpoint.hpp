@@ -23,8 +23,9 @@
 //     can move them), never the tensors saved inside fn;
 //   - segments take several tensors and non-tensor values (ints, doubles, bools, None) and return
 //     several tensors;
-//   - the recompute replays the forward's random draws (the CPU generator and the default generator of
-//     every CUDA device are captured before fn and reinstalled around the recompute, then put back, so
+//   - the recompute replays the forward's random draws (the CPU generator, the default generator of
+//     every CUDA device and CheckpointOptions::generators are captured before fn and reinstalled around
+//     the recompute, then put back, so
 //     backward leaves the random stream as it found it) and runs under the forward's autocast state
 //     (enabled flag and dtype per device type) with grad enabled; all of it is restored when the
 //     recompute throws;
@@ -67,6 +68,10 @@ struct CheckpointOptions {
   bool preserve_rng = true;
   // Stop the recompute once every tensor the forward saved has been recomputed (as torch does).
   bool early_stop = true;
+  // Generators fn draws from besides the devices' defaults (the streams of a model-parallel RNG
+  // tracker, verifier/dist/rng_tracker.hpp): captured before fn and replayed in the recompute like the
+  // defaults (with preserve_rng).
+  std::vector<at::Generator> generators;
 };
 
 class CheckpointError : public std::runtime_error {

@@ -129,7 +129,7 @@ std::vector<torch::Tensor> checkpoint_with(const SegmentFunction& fn, std::vecto
 // Restores RNG (when captured), autocast and grad mode on scope exit, exceptions included.
 class GlobalStateGuard {
  public:
-  explicit GlobalStateGuard(bool rng);
+  explicit GlobalStateGuard(bool rng, const std::vector<at::Generator>& extra = {});
   ~GlobalStateGuard();
   GlobalStateGuard(const GlobalStateGuard&) = delete;
   GlobalStateGuard& operator=(const GlobalStateGuard&) = delete;

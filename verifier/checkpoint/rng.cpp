@@ -3,6 +3,8 @@
 
 #include <torch/cuda.h>
 
+#include <stdexcept>
+
 #include "verifier/checkpoint/compat.hpp"
 
 namespace ckv {
@@ -22,16 +24,27 @@ torch::Device cuda(size_t i) {
 }
 }  // namespace
 
-RngState RngState::capture() {
+RngState RngState::capture(const std::vector<at::Generator>& extra) {
   RngState s;
   s.cpu_ = state_of(torch::Device(torch::kCPU));
   const size_t n = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
   for (size_t i = 0; i < n; ++i) s.cuda_.push_back(state_of(cuda(i)));
+  for (at::Generator g : extra) {
+    if (!g.defined()) throw std::invalid_argument("RngState: an undefined generator");
+    std::lock_guard<std::mutex> lock(g.mutex());
+    torch::Tensor state = g.get_state();
+    s.extra_.emplace_back(std::move(g), std::move(state));
+  }
   return s;
 }
 
 void RngState::restore(bool include_cuda) const {
   set_state_of(torch::Device(torch::kCPU), cpu_);
+  for (const auto& [g, state] : extra_) {
+    at::Generator h = g;
+    std::lock_guard<std::mutex> lock(h.mutex());
+    h.set_state(state);
+  }
   if (!include_cuda) return;
   for (size_t i = 0; i < cuda_.size(); ++i) set_state_of(cuda(i), cuda_[i]);
 }
@@ -75,6 +88,9 @@ std::string RngState::differences(const RngState& o) const {
   for (size_t i = 0; i < std::max(cuda_.size(), o.cuda_.size()); ++i)
     if (i >= cuda_.size() || i >= o.cuda_.size() || !torch::equal(cuda_[i], o.cuda_[i]))
       add("cuda:" + std::to_string(i));
+  for (size_t i = 0; i < std::max(extra_.size(), o.extra_.size()); ++i)
+    if (i >= extra_.size() || i >= o.extra_.size() || !torch::equal(extra_[i].second, o.extra_[i].second))
+      add("generator " + std::to_string(i));
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/dist/collectives.hpp"
 #include "verifier/dist/ranks.hpp"
+#include "verifier/dist/rng_tracker.hpp"
 
 using namespace ckv;
 using namespace ckv::dist;
@@ -80,6 +81,76 @@ int tp_mlp(const RankEnv& env, const std::string& mode) {
   return 0;
 }
 
+// Dropout in a tensor-parallel MLP as model-parallel training draws it: inside the region from the
+// tracker's "model-parallel" stream (seeded per rank), after it from the default generator (seeded
+// equally). Writes "<model-parallel masks> <replicated masks>" (each "differ" or "equal" across the
+// ranks) for `plain`; for the checkpoint modes, whether the gradients "match" those of the plain run
+// with the same seeds: `checkpoint` shows the builtin the tracker's generators, `checkpoint-unshown`
+// does not (the recompute then draws other model-parallel masks).
+int tp_dropout(const RankEnv& env, const std::string& mode) {
+  const int64_t N = 4, D = 8, F = 16;
+  const int tp = env.world;
+  auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+  auto region = std::make_shared<ParallelRegion>();
+  region->group = world;
+  torch::manual_seed(0);
+  const torch::Tensor w1 = torch::randn({F, D}), w2 = torch::randn({D, F}), x0 = torch::randn({N, D}),
+                      target = torch::randn({N, D});
+  const int64_t lo = env.rank * F / tp, hi = (env.rank + 1) * F / tp;
+  struct Run {
+    torch::Tensor x, w1s, w2s, mask_mp, mask_rep;
+  };
+  auto run = [&](const std::string& how) {
+    torch::manual_seed(1);  // the default generator: equal on every rank
+    RngTracker tracker;
+    tracker.add("model-parallel", 1000 + static_cast<uint64_t>(env.rank));
+    Run r{x0.clone().requires_grad_(),
+          w1.slice(0, lo, hi).clone().requires_grad_(),
+          w2.slice(1, lo, hi).clone().requires_grad_(),
+          {},
+          {}};
+    auto fn = [&](const torch::Tensor& in) {
+      torch::Tensor h = torch::gelu(enter_parallel(in, region, "mlp.in").matmul(r.w1s.t()));
+      torch::Tensor keep_mp;
+      {
+        const auto fork = tracker.fork("model-parallel");
+        keep_mp = torch::empty_like(h).bernoulli_(0.5);
+      }
+      const torch::Tensor y = leave_parallel((h * keep_mp * 2.0).matmul(r.w2s.t()), region, "mlp.out");
+      const torch::Tensor keep_rep = torch::empty_like(y).bernoulli_(0.5);
+      if (!r.mask_mp.defined()) r.mask_mp = keep_mp, r.mask_rep = keep_rep;  // the first forward's
+      return y * keep_rep * 2.0;
+    };
+    torch::Tensor out;
+    if (how == "plain") {
+      out = fn(r.x);
+    } else {
+      CheckpointOptions options;
+      if (how == "checkpoint") options.generators = tracker.generators();
+      out = ckv::checkpoint(fn, r.x, options);
+    }
+    (out * target).sum().backward();
+    return r;
+  };
+  const Run plain = run("plain");
+  std::string result;
+  if (mode == "plain") {
+    auto across = [&](const torch::Tensor& m) {
+      const auto all = world->all_gather(m);
+      return torch::equal(all[0], all[1]) ? "equal" : "differ";
+    };
+    result = std::string(across(plain.mask_mp)) + " " + across(plain.mask_rep);
+  } else {
+    const Run r = run(mode);
+    const bool match = close(r.x.grad(), plain.x.grad()) && close(r.w1s.grad(), plain.w1s.grad()) &&
+                       close(r.w2s.grad(), plain.w2s.grad());
+    result = match ? "match" : "differ";
+  }
+  std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt") << result << "\n";
+  world->barrier();
+  return 0;
+}
+
 int all_reduce_ranks(const RankEnv& env) {
   auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
   torch::Tensor t = torch::full({3}, static_cast<float>(env.rank + 1));
@@ -108,6 +179,7 @@ int main(int argc, char** argv) {
     torch::set_num_threads(1);
     if (scenario == "all_reduce") return all_reduce_ranks(env);
     if (scenario == "tp_mlp") return tp_mlp(env, argc > 2 ? argv[2] : "plain");
+    if (scenario == "tp_dropout") return tp_dropout(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "hang") {  // rank 1 never finishes (and ignores SIGTERM); the others do
       if (env.rank == 1) {
         std::signal(SIGTERM, SIG_IGN);

@@ -1,5 +1,6 @@
 // verifier/tests/test_checkpoint.cpp: the checkpoint library's guarantees (checkpoint.hpp), each against
 // the same computation without checkpointing, bitwise.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <optional>
@@ -55,6 +56,45 @@ TEST(Checkpoint, GradientsEqualThePlainRunBitwise) {
   checkpoint(fn, x).pow(2).sum().backward();
   EXPECT_TRUE(same(n.grads(), plain));
   EXPECT_TRUE(torch::equal(x.grad(), gx));
+}
+
+// A generator of its own that fn draws from by swapping its state into the default CPU generator (as
+// a model-parallel RNG tracker's fork does): replayed when named in CheckpointOptions::generators, and
+// left as the forward left it once backward is done; not named, the recompute draws another mask.
+TEST(Checkpoint, NamedGeneratorsAreReplayedLikeTheDefaultOne) {
+  at::Generator stream = at::detail::createCPUGenerator(77);
+  auto fork_draw = [&](const torch::Tensor& like) {
+    at::Generator def = at::detail::getDefaultCPUGenerator();
+    const torch::Tensor saved = def.get_state();
+    def.set_state(stream.get_state());
+    torch::Tensor keep = torch::empty_like(like).bernoulli_(0.5);
+    stream.set_state(def.get_state());
+    def.set_state(saved);
+    return keep;
+  };
+  auto fn = [&](const torch::Tensor& x) { return (x.sin() * fork_draw(x) * 2.0).cos(); };
+  auto grad_of = [&](bool checkpointed, bool named) {
+    stream.set_current_seed(77);
+    torch::manual_seed(5);
+    const torch::Tensor x = torch::linspace(-1, 1, 64).requires_grad_();
+    torch::Tensor y;
+    if (!checkpointed) {
+      y = fn(x);
+    } else {
+      CheckpointOptions options;
+      if (named) options.generators = {stream};
+      y = checkpoint(fn, x, options);
+    }
+    const torch::Tensor after_forward = stream.get_state();
+    y.sum().backward();
+    if (!checkpointed || named) {
+      EXPECT_TRUE(torch::equal(stream.get_state(), after_forward)) << "backward moved the stream on";
+    }
+    return x.grad().clone();
+  };
+  const torch::Tensor plain = grad_of(false, false);
+  EXPECT_TRUE(torch::equal(grad_of(true, true), plain));
+  EXPECT_FALSE(torch::equal(grad_of(true, false), plain));
 }
 
 TEST(Checkpoint, SeveralInputsAndOutputsAndNonTensorArguments) {

@@ -77,6 +77,22 @@ TEST_F(Dist, ARecomputeRepeatsOnlyForwardCollectives) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "1 0 1 128") << "rank " << r;
 }
 
+// The tracker: model-parallel masks differ across the tensor-parallel ranks, replicated ones do not.
+// A checkpoint shown the tracker's generators replays both and gives the plain run's gradients on every
+// rank; one that replays only the default generator recomputes other model-parallel masks (the bug of
+// a tracker not restored in the recompute), and the gradients show it.
+TEST_F(Dist, TheTrackerSeparatesStreamsAndACheckpointMustReplayThem) {
+  auto o = run({"tp_dropout", "plain"}, 2);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "differ equal") << "rank " << r;
+  o = run({"tp_dropout", "checkpoint"}, 2);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "match") << "rank " << r;
+  o = run({"tp_dropout", "checkpoint-unshown"}, 2);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "differ") << "rank " << r;
+}
+
 TEST_F(Dist, AFailingRankIsNamedWithItsMessage) {
   const auto o = run({"fail"}, 2);
   const RankOutcome* f = first_failure(o);

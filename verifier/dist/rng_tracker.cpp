@@ -1,0 +1,51 @@
+// verifier/dist/rng_tracker.cpp: see rng_tracker.hpp.
+#include "verifier/dist/rng_tracker.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <stdexcept>
+
+namespace ckv::dist {
+namespace {
+at::Generator cpu_default() {
+  return at::detail::getDefaultCPUGenerator();
+}
+torch::Tensor state_of(at::Generator g) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+void set_state(at::Generator g, const torch::Tensor& s) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(s);
+}
+}  // namespace
+
+void RngTracker::add(const std::string& name, uint64_t seed) {
+  if (streams_.count(name)) throw std::invalid_argument("RngTracker: stream " + name + " exists");
+  streams_.emplace(name, at::detail::createCPUGenerator(seed));
+}
+
+RngTracker::Fork RngTracker::fork(const std::string& name) {
+  const auto it = streams_.find(name);
+  if (it == streams_.end()) throw std::invalid_argument("RngTracker: no stream named " + name);
+  return Fork(it->second);
+}
+
+RngTracker::Fork::Fork(at::Generator stream) : stream_(std::move(stream)), saved_default_(state_of(cpu_default())) {
+  set_state(cpu_default(), state_of(stream_));
+}
+RngTracker::Fork::Fork(Fork&& o) noexcept
+    : stream_(std::move(o.stream_)), saved_default_(std::move(o.saved_default_)) {}
+RngTracker::Fork::~Fork() {
+  if (!stream_.defined()) return;  // moved from
+  set_state(stream_, state_of(cpu_default()));
+  set_state(cpu_default(), saved_default_);
+}
+
+std::vector<at::Generator> RngTracker::generators() const {
+  std::vector<at::Generator> out;
+  for (const auto& [name, g] : streams_) out.push_back(g);
+  return out;
+}
+
+}  // namespace ckv::dist

@@ -1,0 +1,52 @@
+// verifier/dist/rng_tracker.hpp: named random streams as model-parallel training keeps them (Megatron's
+// RNG tracker). Dropout inside a tensor-parallel region draws from a stream seeded per tensor-parallel
+// rank (each rank holds another shard of the activation); dropout in replicated regions draws from the
+// default generator, seeded equally on every tensor-parallel rank. A stream is drawn from by forking it:
+// while the fork lives, the default CPU generator runs the stream (its state swapped in), and the stream
+// keeps what it advanced when the fork ends.
+//
+// A checkpoint must replay the streams as it replays the default generator: generators() are what it
+// captures and restores (CheckpointOptions::generators for the builtin). One that restores only the
+// default generator recomputes from the stream's advanced state: other masks than the forward drew.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ckv::dist {
+
+class RngTracker {
+ public:
+  // A new stream; throws when `name` exists.
+  void add(const std::string& name, uint64_t seed);
+  bool has(const std::string& name) const { return streams_.count(name) > 0; }
+
+  class Fork {
+   public:
+    ~Fork();
+    Fork(const Fork&) = delete;
+    Fork& operator=(const Fork&) = delete;
+    Fork(Fork&& o) noexcept;
+    Fork& operator=(Fork&&) = delete;
+
+   private:
+    friend class RngTracker;
+    explicit Fork(at::Generator stream);
+    at::Generator stream_;
+    torch::Tensor saved_default_;
+  };
+  // Draws from the default CPU generator run `name`'s stream until the returned scope ends.
+  Fork fork(const std::string& name);
+
+  // The streams' generators, in name order: what a checkpoint must capture and replay.
+  std::vector<at::Generator> generators() const;
+
+ private:
+  std::map<std::string, at::Generator> streams_;
+};
+
+}  // namespace ckv::dist
