@@ -42,6 +42,12 @@ class Dist : public ::testing::Test {
     std::getline(in, line);
     return line;
   }
+  // Runs `args` on `world` ranks, every one of which must succeed and write `want`.
+  void expect_every_rank(const std::vector<std::string>& args, int world, const std::string& want) {
+    const auto o = run(args, world);
+    ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+    for (int r = 0; r < world; ++r) EXPECT_EQ(result(r), want) << args.back() << ", rank " << r;
+  }
   static std::string describe(const std::vector<RankOutcome>& o) {
     std::string s;
     for (const auto& r : o) s += r.describe() + "\n";
@@ -51,30 +57,22 @@ class Dist : public ::testing::Test {
 };
 
 TEST_F(Dist, RanksJoinAndReduceAcrossProcesses) {
-  const auto o = run({"all_reduce"}, 3);
-  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(result(r), "6");
+  expect_every_rank({"all_reduce"}, 3, "6");
 }
 
 // Column-parallel fc1 and row-parallel fc2 on 2 ranks give the unsharded MLP's output and gradients
 // (each rank checks its own shard); the ledger: one forward all-reduce (leaving the region), one
 // backward all-reduce (the input's gradient entering it), nothing in a recompute.
 TEST_F(Dist, TensorParallelMlpMatchesTheUnshardedOne) {
-  const auto o = run({"tp_mlp", "plain"}, 2);
-  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "1 0 1 128") << "rank " << r;  // 4x8 floats
+  expect_every_rank({"tp_mlp", "plain"}, 2, "1 0 1 128");  // 4x8 floats
 }
 
 // Under the builtin checkpoint the gradients still match. Run to the end, the recompute repeats the
 // region's forward all-reduce (recorded as recompute) and issues no backward one twice; with early stop
 // (the default) it ends at fc2's saved tensors, before the all-reduce, and repeats nothing.
 TEST_F(Dist, ARecomputeRepeatsOnlyForwardCollectives) {
-  auto o = run({"tp_mlp", "checkpoint-full"}, 2);
-  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "1 1 1 128") << "rank " << r;
-  o = run({"tp_mlp", "checkpoint"}, 2);
-  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "1 0 1 128") << "rank " << r;
+  expect_every_rank({"tp_mlp", "checkpoint-full"}, 2, "1 1 1 128");
+  expect_every_rank({"tp_mlp", "checkpoint"}, 2, "1 0 1 128");
 }
 
 // The tracker: model-parallel masks differ across the tensor-parallel ranks, replicated ones do not.
@@ -82,15 +80,9 @@ TEST_F(Dist, ARecomputeRepeatsOnlyForwardCollectives) {
 // rank; one that replays only the default generator recomputes other model-parallel masks (the bug of
 // a tracker not restored in the recompute), and the gradients show it.
 TEST_F(Dist, TheTrackerSeparatesStreamsAndACheckpointMustReplayThem) {
-  auto o = run({"tp_dropout", "plain"}, 2);
-  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "differ equal") << "rank " << r;
-  o = run({"tp_dropout", "checkpoint"}, 2);
-  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "match") << "rank " << r;
-  o = run({"tp_dropout", "checkpoint-unshown"}, 2);
-  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(result(r), "differ") << "rank " << r;
+  expect_every_rank({"tp_dropout", "plain"}, 2, "differ equal");
+  expect_every_rank({"tp_dropout", "checkpoint"}, 2, "match");
+  expect_every_rank({"tp_dropout", "checkpoint-unshown"}, 2, "differ");
 }
 
 TEST_F(Dist, AFailingRankIsNamedWithItsMessage) {
