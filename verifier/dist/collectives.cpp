@@ -78,9 +78,16 @@ Pass forward_pass() {
 struct AllReduceBackward : torch::autograd::Node {
   std::shared_ptr<ParallelRegion> region;
   std::string where;
+  std::vector<int64_t> sizes;  // the input's, for a gradient that is undefined on this rank
+  torch::TensorOptions options;
   variable_list apply(variable_list&& grads) override {
-    if (!grads.at(0).defined()) return {torch::Tensor()};
-    return {all_reduce(grads[0], *region, Pass::backward, where)};
+    // The sum over the ranks is not differentiated again here: refused rather than silently first-order.
+    if (torch::GradMode::is_enabled())
+      throw std::runtime_error("enter_parallel (" + where +
+                               "): a backward with create_graph through a tensor-parallel region is not supported");
+    // Every rank joins the collective, also one whose gradient is undefined (it contributes zeros).
+    const torch::Tensor g = grads.at(0).defined() ? grads[0] : torch::zeros(sizes, options);
+    return {all_reduce(g, *region, Pass::backward, where)};
   }
   std::string name() const override { return "ckv::dist::AllReduceBackward"; }
 };
@@ -103,6 +110,8 @@ torch::Tensor enter_parallel(const torch::Tensor& x, const std::shared_ptr<Paral
   auto node = std::shared_ptr<AllReduceBackward>(new AllReduceBackward(), torch::autograd::deleteNode);
   node->region = region;
   node->where = where;
+  node->sizes = x.sizes().vec();
+  node->options = x.options();
   // A copy, not an alias: the output must be a tensor of its own to carry a gradient function.
   return attach(x.detach().clone(), x, node);
 }

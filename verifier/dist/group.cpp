@@ -52,18 +52,43 @@ std::shared_ptr<Group> Group::subgroup(const std::string& name, const std::vecto
   impl->store = impl_->store;
   impl->timeout = impl_->timeout;
   const int n = static_cast<int>(ranks.size());
-  impl->pg = make_gloo(c10::make_intrusive<c10d::PrefixStore>(name_ + "/" + name, impl->store), me, n, impl->timeout);
-  return std::make_shared<Group>(impl, me, n, name_ + "/" + name);
+  // The members are part of the store's prefix: disjoint subgroups of the same name ("tp" of each
+  // replica) must not meet.
+  std::string members;
+  for (int r : ranks) members += (members.empty() ? "" : ",") + std::to_string(r);
+  const std::string full = name_ + "/" + name + "[" + members + "]";
+  impl->pg = make_gloo(c10::make_intrusive<c10d::PrefixStore>(full, impl->store), me, n, impl->timeout);
+  return std::make_shared<Group>(impl, me, n, full);
+}
+
+// Gloo reduces and gathers raw buffers: ranks that pass tensors of other sizes or dtypes would read
+// past or short of each other's data. Each collective first gathers every rank's (numel, dtype) and
+// throws on every rank, naming the ranks, when they differ.
+void Group::check_same_on_every_rank(const torch::Tensor& t, const char* what) const {
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty({2}, torch::kLong));
+  std::vector<torch::Tensor> in{torch::tensor({t.numel(), static_cast<int64_t>(t.scalar_type())}, torch::kLong)};
+  impl_->pg->allgather(out, in)->wait();
+  for (int r = 0; r < size_; ++r)
+    if (!torch::equal(out[0][static_cast<size_t>(r)], in[0]))
+      throw std::invalid_argument(
+          std::string("dist: ") + what + " in " + name_ + ": rank " + std::to_string(rank_) + " passes " +
+          std::to_string(t.numel()) + " elements of " + std::string(c10::toString(t.scalar_type())) + ", rank " +
+          std::to_string(r) + " " + std::to_string(out[0][static_cast<size_t>(r)][0].item<int64_t>()) +
+          " elements of type " +
+          c10::toString(static_cast<c10::ScalarType>(out[0][static_cast<size_t>(r)][1].item<int64_t>())));
 }
 
 void Group::all_reduce_sum_(torch::Tensor& t) const {
   if (!t.is_contiguous()) throw std::invalid_argument("dist: all_reduce of a non-contiguous tensor");
+  check_same_on_every_rank(t, "all_reduce");
   std::vector<torch::Tensor> ts{t};
   impl_->pg->allreduce(ts)->wait();
 }
 
 std::vector<torch::Tensor> Group::all_gather(const torch::Tensor& t) const {
   const torch::Tensor in = t.contiguous();
+  check_same_on_every_rank(in, "all_gather");
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(in));
   std::vector<torch::Tensor> ins{in};

@@ -33,6 +33,7 @@ class Group {
   int size() const { return size_; }
   const std::string& name() const { return name_; }
 
+  // Collectives throw on every rank when the ranks pass tensors of other sizes or dtypes.
   void all_reduce_sum_(torch::Tensor& t) const;                         // in place; t must be contiguous
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t) const;  // every rank's t, in rank order
   void barrier() const;
@@ -42,6 +43,7 @@ class Group {
       : impl_(std::move(impl)), rank_(rank), size_(size), name_(std::move(name)) {}
 
  private:
+  void check_same_on_every_rank(const torch::Tensor& t, const char* what) const;
   std::shared_ptr<Impl> impl_;
   int rank_, size_;
   std::string name_;

@@ -3,7 +3,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -19,15 +19,40 @@ extern char** environ;
 
 namespace ckv::dist {
 namespace {
+// The last `lines` non-empty lines of the file, read from its last 64 KiB, each cut at 300 characters
+// and stripped of control characters: a rank that floods standard error cannot flood the report.
 std::string tail_of(const std::string& path, size_t lines = 3) {
-  std::ifstream in(path);
+  constexpr std::streamoff kWindow = 64 * 1024;
+  constexpr size_t kLine = 300;
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  const std::streamoff size = in.tellg();
+  in.seekg(size > kWindow ? size - kWindow : 0);
+  std::string buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::string> all;
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) all.push_back(l);
+  std::string cur;
+  auto flush = [&] {
+    if (!cur.empty()) all.push_back(cur.size() > kLine ? cur.substr(0, kLine) + "..." : cur);
+    cur.clear();
+  };
+  for (char ch : buf) {
+    if (ch == '\n') {
+      flush();
+    } else if (static_cast<unsigned char>(ch) >= 0x20 || ch == '\t') {
+      if (cur.size() <= kLine) cur += ch;
+    }
+  }
+  flush();
   std::string out;
   for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
     out += (out.empty() ? "" : " | ") + all[i];
   return out;
+}
+
+bool children_are_reaped_for_us() {
+  struct sigaction sa {};
+  ::sigaction(SIGCHLD, nullptr, &sa);
+  return sa.sa_handler == SIG_IGN || (sa.sa_flags & SA_NOCLDWAIT) != 0;
 }
 }  // namespace
 
@@ -55,16 +80,27 @@ std::string RankOutcome::describe() const {
 }
 
 const RankOutcome* first_failure(const std::vector<RankOutcome>& outcomes) {
-  for (auto want : {RankOutcome::Status::crashed, RankOutcome::Status::failed, RankOutcome::Status::timed_out})
+  // The rank that failed or crashed first (a peer that fails because of it, a collective's partner
+  // gone, ends later); then one that hung; then one that was stopped.
+  const RankOutcome* best = nullptr;
+  for (const auto& o : outcomes)
+    if ((o.status == RankOutcome::Status::failed || o.status == RankOutcome::Status::crashed) &&
+        (!best || o.ended < best->ended))
+      best = &o;
+  if (best) return best;
+  for (auto want : {RankOutcome::Status::timed_out, RankOutcome::Status::stopped_after_failure})
     for (const auto& o : outcomes)
       if (o.status == want) return &o;
-  for (const auto& o : outcomes)
-    if (o.status != RankOutcome::Status::ok) return &o;
   return nullptr;
 }
 
 std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
   if (launch.world < 1) throw std::invalid_argument("dist: a run needs at least one rank");
+  struct stat st {};
+  if (::stat(launch.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw std::invalid_argument("dist: the run directory " + launch.dir + " does not exist");
+  if (children_are_reaped_for_us())
+    throw std::logic_error("dist: SIGCHLD is ignored in this process, so the ranks' exit statuses would be lost");
   const std::string store = launch.dir + "/store";
   ::unlink(store.c_str());
   std::vector<std::string> env_strings;
@@ -72,14 +108,20 @@ std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
     if (std::strncmp(*e, "CKV_RANK=", 9) != 0 && std::strncmp(*e, "CKV_WORLD=", 10) != 0 &&
         std::strncmp(*e, "CKV_STORE=", 10) != 0)
       env_strings.emplace_back(*e);
-  std::vector<pid_t> pids(static_cast<size_t>(launch.world), -1);
-  std::vector<RankOutcome> out(static_cast<size_t>(launch.world));
+  const size_t W = static_cast<size_t>(launch.world);
+  std::vector<pid_t> pids(W, -1);
+  std::vector<RankOutcome> out(W);
   pid_t group = 0;
+  // Every rank by its own pid (one that left the group too), and whatever is left in the group.
   auto kill_all = [&] {
+    for (pid_t pid : pids)
+      if (pid > 0) ::kill(pid, SIGKILL);
     if (group > 0) ::kill(-group, SIGKILL);
   };
-  for (int r = 0; r < launch.world; ++r) {
-    out[static_cast<size_t>(r)].rank = r;
+  const pid_t parent = ::getpid();
+  for (size_t r = 0; r < W; ++r) {
+    out[r].rank = static_cast<int>(r);
+    // Everything the child needs is built before fork: between fork and exec it only makes system calls.
     std::vector<std::string> env = env_strings;
     env.push_back("CKV_RANK=" + std::to_string(r));
     env.push_back("CKV_WORLD=" + std::to_string(launch.world));
@@ -93,51 +135,88 @@ std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
     const std::string err = launch.dir + "/rank" + std::to_string(r) + ".err";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
     const std::string log = launch.dir + "/rank" + std::to_string(r) + ".out";
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attr, group);  // 0 for the first: a new group led by rank 0
-    pid_t pid = -1;
-    const int rc = ::posix_spawn(&pid, launch.exe.c_str(), &fa, &attr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) {
+    int status_pipe[2];
+    if (::pipe2(status_pipe, O_CLOEXEC) != 0) {
       kill_all();
-      for (int k = 0; k < r; ++k) ::waitpid(pids[static_cast<size_t>(k)], nullptr, 0);
-      throw std::runtime_error("dist: cannot start rank " + std::to_string(r) + " (" + launch.exe +
-                               "): " + std::strerror(rc));
+      throw std::runtime_error(std::string("dist: pipe: ") + std::strerror(errno));
     }
-    pids[static_cast<size_t>(r)] = pid;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      // The child: its own group (rank 0's), killed when the process that started it dies, its output
+      // in files; then the program. An errno that stops it goes back through the pipe.
+      ::close(status_pipe[0]);
+      int e = 0;
+      if (::setpgid(0, group) != 0) e = errno;
+      if (!e && ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) e = errno;
+      if (!e && ::getppid() != parent) ::_exit(127);  // the parent is already gone
+      const int in = e ? -1 : ::open("/dev/null", O_RDONLY);
+      const int o1 = e ? -1 : ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int o2 = e ? -1 : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (!e && (in < 0 || o1 < 0 || o2 < 0)) e = errno;
+      if (!e && (::dup2(in, 0) < 0 || ::dup2(o1, 1) < 0 || ::dup2(o2, 2) < 0)) e = errno;
+      if (!e) ::execve(launch.exe.c_str(), argv.data(), envp.data()), e = errno;
+      if (::write(status_pipe[1], &e, sizeof e) < 0) {
+      }
+      ::_exit(127);
+    }
+    ::close(status_pipe[1]);
+    if (pid < 0) {
+      ::close(status_pipe[0]);
+      kill_all();
+      throw std::runtime_error(std::string("dist: fork: ") + std::strerror(errno));
+    }
     if (group == 0) group = pid;
+    ::setpgid(pid, group);  // also done by the child; whichever runs first
+    int child_errno = 0;
+    ssize_t n;
+    do n = ::read(status_pipe[0], &child_errno, sizeof child_errno);
+    while (n < 0 && errno == EINTR);
+    ::close(status_pipe[0]);
+    if (n == static_cast<ssize_t>(sizeof child_errno)) {  // exec did not happen
+      ::waitpid(pid, nullptr, 0);
+      kill_all();
+      for (size_t k = 0; k < r; ++k) ::waitpid(pids[k], nullptr, 0);
+      throw std::runtime_error("dist: cannot start rank " + std::to_string(r) + " (" + launch.exe +
+                               "): " + std::strerror(child_errno));
+    }
+    pids[r] = pid;
   }
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point failed_at{};
   bool any_failed = false;
-  int running = launch.world;
-  while (running > 0) {
-    bool reaped = false;
-    for (int r = 0; r < launch.world; ++r) {
-      pid_t& pid = pids[static_cast<size_t>(r)];
-      if (pid < 0) continue;
+  size_t running = W;
+  int reaped_so_far = 0;
+  auto note_exit = [&](size_t r, int status) {
+    RankOutcome& o = out[r];
+    if (WIFEXITED(status)) {
+      o.code = WEXITSTATUS(status);
+      o.status = o.code == 0 ? RankOutcome::Status::ok : RankOutcome::Status::failed;
+    } else {
+      o.code = WIFSIGNALED(status) ? WTERMSIG(status) : -1;
+      o.status = RankOutcome::Status::crashed;
+    }
+    o.ended = reaped_so_far++;
+    if (o.status != RankOutcome::Status::ok && !any_failed)
+      any_failed = true, failed_at = std::chrono::steady_clock::now();
+    pids[r] = -1, --running;
+  };
+  // One pass over the ranks still running; false when a rank was lost (reaped by someone else).
+  auto sweep = [&] {
+    for (size_t r = 0; r < W; ++r) {
+      if (pids[r] < 0) continue;
       int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) != pid) continue;
-      RankOutcome& o = out[static_cast<size_t>(r)];
-      if (WIFEXITED(status)) {
-        o.code = WEXITSTATUS(status);
-        o.status = o.code == 0 ? RankOutcome::Status::ok : RankOutcome::Status::failed;
-      } else {
-        o.code = WIFSIGNALED(status) ? WTERMSIG(status) : -1;
-        o.status = RankOutcome::Status::crashed;
-      }
-      if (o.status != RankOutcome::Status::ok && !any_failed)
-        any_failed = true, failed_at = std::chrono::steady_clock::now();
-      pid = -1, --running, reaped = true;
+      const pid_t got = ::waitpid(pids[r], &status, WNOHANG);
+      if (got == pids[r]) note_exit(r, status);
+      if (got < 0 && errno != EINTR) return false;
+    }
+    return true;
+  };
+  while (running > 0) {
+    const int before = reaped_so_far;
+    if (!sweep()) {
+      kill_all();
+      throw std::runtime_error("dist: a rank's exit status was taken by another part of this process (waitpid)");
     }
     if (running == 0) break;
     const auto now = std::chrono::steady_clock::now();
@@ -145,21 +224,22 @@ std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
     const bool past_grace = any_failed && now - failed_at > launch.grace;
     if (past_deadline || past_grace) {
       kill_all();
-      for (int r = 0; r < launch.world; ++r) {
-        pid_t& pid = pids[static_cast<size_t>(r)];
-        if (pid < 0) continue;
-        ::waitpid(pid, nullptr, 0);
-        out[static_cast<size_t>(r)].status =
-            past_grace ? RankOutcome::Status::stopped_after_failure : RankOutcome::Status::timed_out;
-        pid = -1, --running;
+      for (size_t r = 0; r < W; ++r) {
+        if (pids[r] < 0) continue;
+        int status = 0;
+        pid_t got;
+        do got = ::waitpid(pids[r], &status, 0);
+        while (got < 0 && errno == EINTR);
+        out[r].status = any_failed ? RankOutcome::Status::stopped_after_failure : RankOutcome::Status::timed_out;
+        out[r].ended = reaped_so_far++;
+        pids[r] = -1, --running;
       }
       break;
     }
-    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (reaped_so_far == before) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  kill_all();  // anything a rank started in the group and left behind
-  for (int r = 0; r < launch.world; ++r)
-    out[static_cast<size_t>(r)].stderr_tail = tail_of(launch.dir + "/rank" + std::to_string(r) + ".err");
+  if (group > 0) ::kill(-group, SIGKILL);  // anything a rank started in the group and left behind
+  for (size_t r = 0; r < W; ++r) out[r].stderr_tail = tail_of(launch.dir + "/rank" + std::to_string(r) + ".err");
   return out;
 }
 

@@ -1,9 +1,13 @@
 // verifier/dist/ranks.hpp: starts the ranks of a multi-process run and accounts for every one of them.
-// Each rank is `exe args...` with CKV_RANK, CKV_WORLD and CKV_STORE (the FileStore path, in `dir`) in its
-// environment, its standard output in dir/rank<N>.out and its standard error in dir/rank<N>.err. The ranks share one
-// process group of their own, which is killed whole: when the deadline passes, and a grace period after the first rank
-// fails (the others would otherwise wait in a collective until their own timeout). Nothing they started outlives
-// run_ranks.
+// Each rank is `exe args...` with CKV_RANK, CKV_WORLD and CKV_STORE (the FileStore path, in `dir`) in
+// its environment, its standard output in dir/rank<N>.out and its standard error in dir/rank<N>.err.
+// The ranks share one process group of their own. When the deadline passes, or a grace period after
+// the first rank fails (the others would otherwise wait in a collective until their own timeout), every
+// rank is killed by its pid (also one that left the group) and the group whole. A rank dies with the
+// process that started it (PR_SET_PDEATHSIG). What a rank started in the group dies with the run; a
+// process that leaves the group (setsid) is out of reach here: containing that is the job of the
+// worker that runs the Case (cli/containment.hpp).
+// The caller must not ignore SIGCHLD (the exit statuses would be lost: run_ranks throws).
 #pragma once
 
 #include <chrono>
@@ -17,7 +21,8 @@ struct RankOutcome {
   int rank = 0;
   Status status = Status::ok;
   int code = 0;                  // exit status (failed) or signal (crashed)
-  std::string stderr_tail;       // the last lines it wrote to standard error
+  std::string stderr_tail;       // the last lines it wrote to standard error (bounded)
+  int ended = -1;                // the order in which the ranks ended (0 first)
   std::string describe() const;  // one line: "rank 1 crashed (signal 6): ..."
 };
 
@@ -31,8 +36,8 @@ struct RankLaunch {
 };
 
 std::vector<RankOutcome> run_ranks(const RankLaunch& launch);
-// The first rank that did not succeed, by cause (a crash or failure before the ranks stopped because
-// of it), or nullptr when every rank succeeded.
+// The cause: the rank that failed or crashed first (a peer that failed because its partner was gone
+// ends later), else one that hung, else one that was stopped; nullptr when every rank succeeded.
 const RankOutcome* first_failure(const std::vector<RankOutcome>& outcomes);
 
 // In a rank: its rank, world size and store path from the environment, or throws.

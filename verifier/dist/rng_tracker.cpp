@@ -22,29 +22,35 @@ void set_state(at::Generator g, const torch::Tensor& s) {
 
 void RngTracker::add(const std::string& name, uint64_t seed) {
   if (streams_.count(name)) throw std::invalid_argument("RngTracker: stream " + name + " exists");
-  streams_.emplace(name, at::detail::createCPUGenerator(seed));
+  streams_.emplace(name, Stream{at::detail::createCPUGenerator(seed)});
 }
 
 RngTracker::Fork RngTracker::fork(const std::string& name) {
   const auto it = streams_.find(name);
   if (it == streams_.end()) throw std::invalid_argument("RngTracker: no stream named " + name);
-  return Fork(it->second);
+  if (*it->second.forked) throw std::logic_error("RngTracker: stream " + name + " is already forked");
+  return Fork(it->second.generator, it->second.forked.get());
 }
 
-RngTracker::Fork::Fork(at::Generator stream) : stream_(std::move(stream)), saved_default_(state_of(cpu_default())) {
+RngTracker::Fork::Fork(at::Generator stream, bool* forked)
+    : stream_(std::move(stream)), saved_default_(state_of(cpu_default())), forked_(forked) {
   set_state(cpu_default(), state_of(stream_));
+  *forked_ = true;
 }
 RngTracker::Fork::Fork(Fork&& o) noexcept
-    : stream_(std::move(o.stream_)), saved_default_(std::move(o.saved_default_)) {}
+    : stream_(std::move(o.stream_)), saved_default_(std::move(o.saved_default_)), forked_(o.forked_) {
+  o.forked_ = nullptr;
+}
 RngTracker::Fork::~Fork() {
-  if (!stream_.defined()) return;  // moved from
+  if (!forked_) return;  // moved from
   set_state(stream_, state_of(cpu_default()));
   set_state(cpu_default(), saved_default_);
+  *forked_ = false;
 }
 
 std::vector<at::Generator> RngTracker::generators() const {
   std::vector<at::Generator> out;
-  for (const auto& [name, g] : streams_) out.push_back(g);
+  for (const auto& [name, s] : streams_) out.push_back(s.generator);
   return out;
 }
 

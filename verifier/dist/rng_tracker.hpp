@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,18 +36,25 @@ class RngTracker {
 
    private:
     friend class RngTracker;
-    explicit Fork(at::Generator stream);
+    Fork(at::Generator stream, bool* forked);
     at::Generator stream_;
     torch::Tensor saved_default_;
+    bool* forked_ = nullptr;
   };
-  // Draws from the default CPU generator run `name`'s stream until the returned scope ends.
+  // Draws from the default CPU generator run `name`'s stream until the returned scope ends. A stream
+  // is forked once at a time: a nested fork of the same stream throws (it would draw the same numbers
+  // again and lose what the inner fork advanced).
   Fork fork(const std::string& name);
 
   // The streams' generators, in name order: what a checkpoint must capture and replay.
   std::vector<at::Generator> generators() const;
 
  private:
-  std::map<std::string, at::Generator> streams_;
+  struct Stream {
+    at::Generator generator;
+    std::unique_ptr<bool> forked = std::make_unique<bool>(false);
+  };
+  std::map<std::string, Stream> streams_;
 };
 
 }  // namespace ckv::dist

@@ -201,6 +201,72 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    auto write_result = [&](const std::string& text) {
+      std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt") << text << "\n";
+    };
+    if (scenario == "sleep_pid") {  // every rank: its pid, then sleeps, deaf to SIGTERM
+      std::signal(SIGTERM, SIG_IGN);
+      write_result(std::to_string(::getpid()));
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    if (scenario == "escape") {  // rank 1 leaves the ranks' process group and sleeps
+      if (env.rank == 1) {
+        ::setsid();
+        write_result(std::to_string(::getpid()));
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      return 0;
+    }
+    if (scenario == "ordered_failure") {  // rank 1 fails first; rank 0 fails 300 ms later
+      if (env.rank == 1) {
+        std::cerr << "the real cause\n";
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::cerr << "a consequence\n";
+      return 2;
+    }
+    if (scenario == "flood") {  // rank 0 writes 5 MB on one line, then one short line, and fails
+      if (env.rank == 0) {
+        std::cerr << std::string(5 << 20, 'x') << "\nthe end\n";
+        return 1;
+      }
+      return 0;
+    }
+    if (scenario == "same_name") {  // ranks {0,1} and {2,3} each form a subgroup named "tp"
+      auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+      const int base = env.rank / 2 * 2;
+      auto tp = world->subgroup("tp", {base, base + 1});
+      torch::Tensor t = torch::full({1}, static_cast<float>(env.rank + 1));
+      tp->all_reduce_sum_(t);
+      write_result(std::to_string(static_cast<int>(t.item<float>())));
+      return 0;
+    }
+    if (scenario == "shape_mismatch") {  // rank r all-reduces r + 2 elements
+      auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+      torch::Tensor t = torch::ones({2 + env.rank});
+      try {
+        world->all_reduce_sum_(t);
+        write_result("reduced");
+      } catch (const std::invalid_argument& e) {
+        write_result(std::string(e.what()).find("elements") != std::string::npos ? "refused" : e.what());
+      }
+      return 0;
+    }
+    if (scenario == "create_graph") {  // a gradient penalty through enter_parallel
+      auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+      auto region = std::make_shared<ParallelRegion>();
+      region->group = world;
+      const torch::Tensor x = torch::ones({3}).requires_grad_();
+      const torch::Tensor y = enter_parallel(x, region, "in").pow(3).sum();
+      try {
+        torch::autograd::grad({y}, {x}, {}, true, true);
+        write_result("differentiated");
+      } catch (const std::exception& e) {
+        write_result(std::string(e.what()).find("create_graph") != std::string::npos ? "refused" : e.what());
+      }
+      return 0;
+    }
     if (scenario == "orphan") {  // rank 0 leaves a child of its own behind (in the ranks' group)
       pid_t child = 0;
       if (env.rank == 0 && (child = ::fork()) == 0) {

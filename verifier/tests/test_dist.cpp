@@ -4,6 +4,8 @@
 // ranks that fail, crash, hang or leave processes behind. The ranks are dist_rank (dist_rank.cpp).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <thread>
 
 #include "verifier/dist/ranks.hpp"
+#include "verifier/dist/rng_tracker.hpp"
 
 namespace ckv::dist {
 namespace {
@@ -110,12 +113,132 @@ TEST_F(Dist, ACrashIsBlamedOnTheRankThatCrashed) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "rank 0 was not stopped";
 }
 
+// (The deadline leaves rank 0 time to load LibTorch on a loaded machine.)
 TEST_F(Dist, AHungRankIsKilledAtTheDeadline) {
-  const auto o = run({"hang"}, 2, 2000);
+  const auto o = run({"hang"}, 2, 6000);
   EXPECT_EQ(o[0].status, RankOutcome::Status::ok);
   EXPECT_EQ(o[1].status, RankOutcome::Status::timed_out) << describe(o);
   ASSERT_NE(first_failure(o), nullptr);
   EXPECT_EQ(first_failure(o)->rank, 1);
+}
+
+// Gone means no /proc entry, or a zombie waiting for whoever inherited it.
+bool process_gone(int pid) {
+  const fs::path proc = fs::path("/proc") / std::to_string(pid);
+  for (int i = 0; i < 300; ++i) {
+    std::ifstream stat(proc / "stat");
+    std::string p, comm, state;
+    if (!(stat >> p >> comm >> state) || state == "Z") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// A rank that leaves the ranks' process group is still killed at the deadline (by its pid), and
+// run_ranks returns.
+TEST_F(Dist, ARankThatLeavesTheGroupIsStillKilled) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto o = run({"escape"}, 2, 2000);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_EQ(o[1].status, RankOutcome::Status::timed_out) << describe(o);
+  EXPECT_TRUE(process_gone(std::stoi(result(1))));
+}
+
+// The rank that failed first is the cause, not the one that failed later because of it.
+TEST_F(Dist, TheFirstFailureInTimeIsTheCause) {
+  const auto o = run({"ordered_failure"}, 2);
+  const RankOutcome* f = first_failure(o);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->rank, 1) << describe(o);
+  EXPECT_NE(f->describe().find("the real cause"), std::string::npos);
+  EXPECT_LT(o[1].ended, o[0].ended);
+}
+
+TEST_F(Dist, AFloodedStandardErrorGivesABoundedTail) {
+  const auto o = run({"flood"}, 2);
+  EXPECT_EQ(o[0].status, RankOutcome::Status::failed);
+  EXPECT_LT(o[0].stderr_tail.size(), 1000u);
+  EXPECT_NE(o[0].stderr_tail.find("the end"), std::string::npos) << o[0].stderr_tail.substr(0, 200);
+}
+
+// Two disjoint subgroups of one name are two groups: {0,1} sums 1+2, {2,3} sums 3+4.
+TEST_F(Dist, SubgroupsOfOneNameDoNotMeet) {
+  const auto o = run({"same_name"}, 4);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  EXPECT_EQ(result(0), "3");
+  EXPECT_EQ(result(1), "3");
+  EXPECT_EQ(result(2), "7");
+  EXPECT_EQ(result(3), "7");
+}
+
+TEST_F(Dist, CollectivesOfDifferentSizesAreRefusedOnEveryRank) {
+  expect_every_rank({"shape_mismatch"}, 2, "refused");
+}
+
+TEST_F(Dist, CreateGraphThroughARegionIsRefusedNotFirstOrder) {
+  expect_every_rank({"create_graph"}, 2, "refused");
+}
+
+TEST_F(Dist, TheRanksDieWithTheProcessThatStartedThem) {
+  const pid_t starter = ::fork();
+  if (starter == 0) {
+    RankLaunch l;
+    l.exe = CKVERIFY_DIST_RANK;
+    l.args = {"sleep_pid"};
+    l.world = 2;
+    l.dir = dir_.string();
+    l.deadline = std::chrono::milliseconds(120000);
+    try {
+      run_ranks(l);
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  ASSERT_GT(starter, 0);
+  std::vector<int> ranks;
+  for (int i = 0; i < 1000 && ranks.size() < 2; ++i) {
+    ranks.clear();
+    for (int r = 0; r < 2; ++r)
+      if (!result(r).empty()) ranks.push_back(std::stoi(result(r)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(starter, SIGKILL);
+  ::waitpid(starter, nullptr, 0);
+  ASSERT_EQ(ranks.size(), 2u) << "the ranks did not start";
+  for (int pid : ranks) EXPECT_TRUE(process_gone(pid)) << "rank process " << pid << " outlived its starter";
+}
+
+TEST_F(Dist, RefusedLaunches) {
+  struct sigaction ignore {
+  }, old{};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGCHLD, &ignore, &old);
+  EXPECT_THROW(run({"all_reduce"}, 2), std::logic_error);
+  ::sigaction(SIGCHLD, &old, nullptr);
+  RankLaunch l;
+  l.exe = CKVERIFY_DIST_RANK;
+  l.dir = (dir_ / "missing").string();
+  EXPECT_THROW(run_ranks(l), std::invalid_argument);
+  l.dir = dir_.string();
+  l.exe = (dir_ / "no-such-program").string();
+  try {
+    run_ranks(l);
+    ADD_FAILURE() << "a missing program started";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot start rank 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RngTracker, AStreamIsForkedOnceAtATime) {
+  RngTracker t;
+  t.add("mp", 3);
+  EXPECT_THROW(t.add("mp", 4), std::invalid_argument);
+  {
+    const auto f = t.fork("mp");
+    EXPECT_THROW(t.fork("mp"), std::logic_error);
+  }
+  EXPECT_NO_THROW(t.fork("mp"));
+  EXPECT_THROW(t.fork("other"), std::invalid_argument);
 }
 
 // A process a rank started and left running dies with the ranks.
@@ -124,15 +247,7 @@ TEST_F(Dist, NothingARankStartedOutlivesTheRun) {
   ASSERT_EQ(first_failure(o), nullptr) << describe(o);
   const int child = std::stoi(result(0));
   ASSERT_GT(child, 0);
-  const fs::path proc = fs::path("/proc") / std::to_string(child);
-  bool gone = false;
-  for (int i = 0; i < 200 && !gone; ++i) {  // killed at once; reaped by whoever inherited it
-    std::ifstream stat(proc / "stat");
-    std::string pid, comm, state;
-    gone = !(stat >> pid >> comm >> state) || state == "Z";
-    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_TRUE(gone) << "process " << child << " is still running";
+  EXPECT_TRUE(process_gone(child)) << "process " << child << " is still running";
 }
 
 }  // namespace
