@@ -41,22 +41,12 @@ int CollectiveLedger::count(Pass pass) const {
   for (const auto& r : records_) n += r.pass == pass;
   return n;
 }
-int CollectiveLedger::count(Pass pass, const std::string& where) const {
-  const std::lock_guard<std::mutex> lock(mu_);
-  int n = 0;
-  for (const auto& r : records_) n += r.pass == pass && r.where == where;
-  return n;
-}
 int64_t CollectiveLedger::bytes(Pass pass) const {
   const std::lock_guard<std::mutex> lock(mu_);
   int64_t n = 0;
   for (const auto& r : records_)
     if (r.pass == pass) n += r.bytes;
   return n;
-}
-void CollectiveLedger::clear() {
-  const std::lock_guard<std::mutex> lock(mu_);
-  records_.clear();
 }
 
 namespace {

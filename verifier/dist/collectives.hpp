@@ -42,9 +42,7 @@ class CollectiveLedger {
   void add(CollectiveRecord r);
   std::vector<CollectiveRecord> records() const;
   int count(Pass pass) const;
-  int count(Pass pass, const std::string& where) const;
   int64_t bytes(Pass pass) const;
-  void clear();
 
  private:
   mutable std::mutex mu_;

@@ -24,7 +24,6 @@ class RngTracker {
  public:
   // A new stream; throws when `name` exists.
   void add(const std::string& name, uint64_t seed);
-  bool has(const std::string& name) const { return streams_.count(name) > 0; }
 
   class Fork {
    public:

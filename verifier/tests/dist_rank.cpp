@@ -74,9 +74,12 @@ int tp_mlp(const RankEnv& env, const std::string& mode) {
     std::cerr << "rank " << env.rank << " (" << mode << "): differs from the unsharded MLP in" << bad << "\n";
     return 1;
   }
-  std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt")
-      << region->ledger->count(Pass::forward) << " " << region->ledger->count(Pass::recompute) << " "
-      << region->ledger->count(Pass::backward) << " " << region->ledger->bytes(Pass::backward) << "\n";
+  std::ofstream result(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt");
+  result << region->ledger->count(Pass::forward) << " " << region->ledger->count(Pass::recompute) << " "
+         << region->ledger->count(Pass::backward) << " " << region->ledger->bytes(Pass::backward) << " |";
+  for (const CollectiveRecord& r : region->ledger->records())
+    result << " " << to_string(r.kind) << "/" << to_string(r.pass) << "/" << r.where;
+  result << "\n";
   world->barrier();
   return 0;
 }

@@ -67,15 +67,17 @@ TEST_F(Dist, RanksJoinAndReduceAcrossProcesses) {
 // (each rank checks its own shard); the ledger: one forward all-reduce (leaving the region), one
 // backward all-reduce (the input's gradient entering it), nothing in a recompute.
 TEST_F(Dist, TensorParallelMlpMatchesTheUnshardedOne) {
-  expect_every_rank({"tp_mlp", "plain"}, 2, "1 0 1 128");  // 4x8 floats
+  expect_every_rank({"tp_mlp", "plain"}, 2,
+                    "1 0 1 128 | all_reduce/forward/mlp.out all_reduce/backward/mlp.in");  // 4x8 floats
 }
 
 // Under the builtin checkpoint the gradients still match. Run to the end, the recompute repeats the
 // region's forward all-reduce (recorded as recompute) and issues no backward one twice; with early stop
 // (the default) it ends at fc2's saved tensors, before the all-reduce, and repeats nothing.
 TEST_F(Dist, ARecomputeRepeatsOnlyForwardCollectives) {
-  expect_every_rank({"tp_mlp", "checkpoint-full"}, 2, "1 1 1 128");
-  expect_every_rank({"tp_mlp", "checkpoint"}, 2, "1 0 1 128");
+  expect_every_rank({"tp_mlp", "checkpoint-full"}, 2,
+                    "1 1 1 128 | all_reduce/forward/mlp.out all_reduce/recompute/mlp.out all_reduce/backward/mlp.in");
+  expect_every_rank({"tp_mlp", "checkpoint"}, 2, "1 0 1 128 | all_reduce/forward/mlp.out all_reduce/backward/mlp.in");
 }
 
 // The tracker: model-parallel masks differ across the tensor-parallel ranks, replicated ones do not.
