@@ -54,6 +54,12 @@ if [ "${have%%+*}" != "$TORCH_VERSION" ]; then
     .venv/bin/python -m pip download -q --disable-pip-version-check -d "$wheels" "torch==$TORCH_VERSION"
     touch "$wheels/.complete"
   fi
+  # The CUDA wheel's dependencies unpack to about 6.5 GB; a full disk would fail deep inside pip.
+  free_kb="$(df -Pk . | awk 'NR==2 {print $4}')"
+  if [ "$free_kb" -lt $((7 * 1024 * 1024)) ]; then
+    echo "setup: $((free_kb / 1024 / 1024)) GB free on $(df -P . | awk 'NR==2 {print $6}'); installing torch into .venv needs 7 GB" >&2
+    exit 1
+  fi
   echo "setup: installing torch==$TORCH_VERSION into .venv from $wheels"
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" "torch==$TORCH_VERSION"
 fi

@@ -8,6 +8,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 t0=$(date +%s)
 bash ci/setup.sh
 t1=$(date +%s)
+# The three builds take about 4 GB (one precompiled LibTorch header is 0.6 GB); a full disk
+# otherwise fails as a truncated compiler error deep inside the build.
+free_kb="$(df -Pk . | awk 'NR==2 {print $4}')"
+if [ "$free_kb" -lt $((5 * 1024 * 1024)) ]; then
+  echo "ci/test.sh: $((free_kb / 1024 / 1024)) GB free on $(df -P . | awk 'NR==2 {print $6}'); the builds need 5 GB" >&2
+  exit 1
+fi
 jobs="${CKVERIFY_JOBS:-$(nproc)}"
 source ci/build_env.sh
 
