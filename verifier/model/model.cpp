@@ -5,6 +5,8 @@
 #include <fstream>
 
 #include "verifier/checkpoint/segment_scope.hpp"
+#include "verifier/dist/collectives.hpp"
+#include "verifier/dist/rng_tracker.hpp"
 
 namespace ckv {
 
@@ -44,15 +46,54 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x, bool update) {
   return y.reshape(x.sizes());
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& c) : c_(c) {
-  wq_ = register_module("wq", torch::nn::Linear(c.d_model, c.d_model));
-  wk_ = register_module("wk", torch::nn::Linear(c.d_model, c.d_model));
-  wv_ = register_module("wv", torch::nn::Linear(c.d_model, c.d_model));
-  wo_ = register_module("wo", torch::nn::Linear(c.d_model, c.d_model));
+namespace {
+// Where a replicated activation enters this rank's column-parallel layers: identity forward, the
+// gradient all-reduced in backward (each rank's is a partial sum). Unsharded: x itself.
+torch::Tensor enter_region(const TensorShard& s, const torch::Tensor& x, int layer, const char* part) {
+  if (!s.sharded()) return x;
+  return dist::enter_parallel(x, s.region, "layer" + std::to_string(layer) + "." + part + ".in");
+}
+// A row-parallel projection: this rank's partial product, summed over the ranks, then the bias (once).
+torch::Tensor row_parallel(const TensorShard& s, torch::nn::Linear& lin, const torch::Tensor& x, int layer,
+                           const char* part) {
+  if (!s.sharded()) return lin->forward(x);
+  return dist::leave_parallel(torch::linear(x, lin->weight), s.region,
+                              "layer" + std::to_string(layer) + "." + part + ".out") +
+         lin->bias;
+}
+// A dropout site inside a tensor-parallel region: drawn from the model-parallel stream when sharded.
+torch::Tensor region_dropout(const TensorShard& s, SiteTap& tap, const torch::Tensor& x, int layer, DropoutSite site) {
+  if (!s.sharded()) return tap.apply(x, layer, site);
+  const auto fork = s.tracker->fork(kModelParallelStream);
+  return tap.apply(x, layer, site);
+}
+void check_shard(const ModelConfig& c, const TensorShard& s) {
+  if (!s.sharded()) return;
+  const std::string why = shard_error(c, s.size);
+  if (!why.empty()) throw std::invalid_argument("model: " + why);
+  if (s.rank < 0 || s.rank >= s.size)
+    throw std::invalid_argument("model: tensor-parallel rank " + std::to_string(s.rank) + " of " +
+                                std::to_string(s.size));
+  if (!s.region || !s.region->group || !s.tracker)
+    throw std::logic_error("model: a sharded model needs its region's group and the RNG tracker");
+  if (s.region->group->size() != s.size)
+    throw std::logic_error("model: the tensor-parallel group has " + std::to_string(s.region->group->size()) +
+                           " ranks, the shard says " + std::to_string(s.size));
+}
+}  // namespace
+
+AttentionImpl::AttentionImpl(const ModelConfig& c, TensorShard shard) : c_(c), shard_(std::move(shard)) {
+  const int64_t local = c.d_model / shard_.size;  // this rank's heads times the head width
+  wq_ = register_module("wq", torch::nn::Linear(c.d_model, local));
+  wk_ = register_module("wk", torch::nn::Linear(c.d_model, local));
+  wv_ = register_module("wv", torch::nn::Linear(c.d_model, local));
+  wo_ = register_module("wo", torch::nn::Linear(local, c.d_model));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& key_valid, SiteTap& tap, int layer) {
-  const int64_t B = x.size(0), T = x.size(1), H = c_.heads, hs = c_.head_dim();
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Tensor& key_valid, SiteTap& tap,
+                                     int layer) {
+  const torch::Tensor x = enter_region(shard_, x_in, layer, "attn");
+  const int64_t B = x.size(0), T = x.size(1), H = c_.heads / shard_.size, hs = c_.head_dim();
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, hs}).transpose(1, 2); };  // (B,H,T,hs)
   const torch::Tensor q = heads(wq_->forward(x)), k = heads(wk_->forward(x)), v = heads(wv_->forward(x));
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
@@ -64,19 +105,21 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   }
   if (blocked.defined()) scores = scores.masked_fill(blocked, -std::numeric_limits<double>::infinity());
   torch::Tensor probs = torch::softmax(scores, -1);
-  probs = tap.apply(probs, layer, DropoutSite::attn_probs);
+  probs = region_dropout(shard_, tap, probs, layer, DropoutSite::attn_probs);
   const torch::Tensor ctx =
-      torch::matmul(probs.to(v.scalar_type()), v).transpose(1, 2).contiguous().view({B, T, c_.d_model});
-  return wo_->forward(ctx);
+      torch::matmul(probs.to(v.scalar_type()), v).transpose(1, 2).contiguous().view({B, T, H * hs});
+  return row_parallel(shard_, wo_, ctx, layer, "attn");
 }
 
-FeedForwardImpl::FeedForwardImpl(const ModelConfig& c) : c_(c) {
-  fc1_ = register_module("fc1", torch::nn::Linear(c.d_model, c.d_ff()));
-  if (c.activation == Activation::swiglu) gate_ = register_module("gate", torch::nn::Linear(c.d_model, c.d_ff()));
-  fc2_ = register_module("fc2", torch::nn::Linear(c.d_ff(), c.d_model));
+FeedForwardImpl::FeedForwardImpl(const ModelConfig& c, TensorShard shard) : c_(c), shard_(std::move(shard)) {
+  const int64_t local = c.d_ff() / shard_.size;  // this rank's hidden units
+  fc1_ = register_module("fc1", torch::nn::Linear(c.d_model, local));
+  if (c.activation == Activation::swiglu) gate_ = register_module("gate", torch::nn::Linear(c.d_model, local));
+  fc2_ = register_module("fc2", torch::nn::Linear(local, c.d_model));
 }
 
-torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x, SiteTap& tap, int layer) {
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x_in, SiteTap& tap, int layer) {
+  const torch::Tensor x = enter_region(shard_, x_in, layer, "ffn");
   const torch::Tensor z1 = fc1_->forward(x);
   torch::Tensor a;
   switch (c_.activation) {
@@ -93,13 +136,14 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x, SiteTap& tap, int
       a = torch::silu(gate_->forward(x)) * z1;
       break;
   }
-  a = tap.apply(a, layer, DropoutSite::ffn_hidden);
-  return fc2_->forward(a);
+  a = region_dropout(shard_, tap, a, layer, DropoutSite::ffn_hidden);
+  return row_parallel(shard_, fc2_, a, layer, "ffn");
 }
 
-TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState* effects)
-    : c_(c), tap_(tap), effects_(effects) {
+TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState* effects, TensorShard shard)
+    : c_(c), tap_(tap), effects_(effects), shard_(std::move(shard)) {
   if (c.effects && !effects) throw std::logic_error("model: side-effecting modules need an EffectState");
+  check_shard(c, shard_);
   for (int l = 0; l < c.layers; ++l) {
     if (c.param_layer(l) != l) {  // tied: layer 0's modules, registered once
       blocks_.push_back(blocks_.front());
@@ -109,10 +153,10 @@ TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState
     BlockModules b;
     if (c.attention) {
       b.norm1 = sub->register_module("norm1", std::make_shared<NormImpl>(c.norm, c.d_model));
-      b.attn = sub->register_module("attn", std::make_shared<AttentionImpl>(c));
+      b.attn = sub->register_module("attn", std::make_shared<AttentionImpl>(c, shard_));
     }
     b.norm2 = sub->register_module("norm2", std::make_shared<NormImpl>(c.norm, c.d_model));
-    b.ffn = sub->register_module("ffn", std::make_shared<FeedForwardImpl>(c));
+    b.ffn = sub->register_module("ffn", std::make_shared<FeedForwardImpl>(c, shard_));
     if (c.has(kBatchNorm)) b.bn = sub->register_module("bn", std::make_shared<BatchNormImpl>(c.d_model));
     blocks_.push_back(b);
   }
@@ -221,8 +265,10 @@ std::vector<torch::Tensor> TransformerImpl::unit_params(const Unit& u) {
   return out;
 }
 
-void TransformerImpl::load(const ParamSet& p) {
+void TransformerImpl::load(const ParamSet& full) {
   torch::NoGradGuard no_grad;
+  const ParamSet sharded = shard_.sharded() ? shard_params(full, shard_.rank, shard_.size) : ParamSet{};
+  const ParamSet& p = shard_.sharded() ? sharded : full;
   const auto params = named_parameters().pairs();
   if (params.size() != p.items.size())
     throw std::logic_error("model: " + std::to_string(params.size()) + " parameters but the layout has " +
@@ -238,12 +284,27 @@ void TransformerImpl::load(const ParamSet& p) {
 }
 
 ParamSet TransformerImpl::values() const {
+  if (shard_.sharded()) {  // the shard's own shapes
+    ParamSet out;
+    for (const auto& kv : named_parameters())
+      out.items.push_back({kv.key(), kv.value().sizes().vec(), to_doubles(kv.value())});
+    return out;
+  }
   ParamSet out = param_shapes(c_);
   for (const auto& kv : named_parameters()) out.at(kv.key()).data = to_doubles(kv.value());
   return out;
 }
 
 ParamSet TransformerImpl::grads() const {
+  if (shard_.sharded()) {  // the shard's own shapes; an undefined gradient reads as zeros
+    ParamSet out;
+    for (const auto& kv : named_parameters()) {
+      const torch::Tensor& g = kv.value().grad();
+      out.items.push_back({kv.key(), kv.value().sizes().vec(),
+                           g.defined() ? to_doubles(g) : std::vector<double>(static_cast<size_t>(kv.value().numel()))});
+    }
+    return out;
+  }
   ParamSet out = param_layout(c_);  // an undefined gradient reads as zeros (grads_defined() tells)
   for (const auto& kv : named_parameters())
     if (kv.value().grad().defined()) out.at(kv.key()).data = to_doubles(kv.value().grad());

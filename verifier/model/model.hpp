@@ -15,6 +15,7 @@
 #include "reference/params.hpp"
 #include "verifier/case/case.hpp"
 #include "verifier/case/plan.hpp"
+#include "verifier/model/shard.hpp"
 #include "verifier/model/site_tap.hpp"
 
 namespace ckv {
@@ -32,22 +33,26 @@ class NormImpl : public torch::nn::Module {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& c);
+  // Under a sharded `shard` (shard.hpp): this rank's heads, a tensor-parallel region.
+  AttentionImpl(const ModelConfig& c, TensorShard shard);
   // x (B,T,D) -> (B,T,D), before the attn_out dropout. key_valid: (B,T) bool, or undefined for no padding.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& key_valid, SiteTap& tap, int layer);
 
  private:
   ModelConfig c_;
+  TensorShard shard_;
   torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wo_{nullptr};
 };
 
 class FeedForwardImpl : public torch::nn::Module {
  public:
-  explicit FeedForwardImpl(const ModelConfig& c);
+  // Under a sharded `shard` (shard.hpp): this rank's hidden units, a tensor-parallel region.
+  FeedForwardImpl(const ModelConfig& c, TensorShard shard);
   torch::Tensor forward(const torch::Tensor& x, SiteTap& tap, int layer);  // before the ffn_out dropout
 
  private:
   ModelConfig c_;
+  TensorShard shard_;
   torch::nn::Linear fc1_{nullptr}, gate_{nullptr}, fc2_{nullptr};
 };
 
@@ -82,8 +87,11 @@ struct BlockModules {
 class TransformerImpl : public torch::nn::Module {
  public:
   // The model draws dropout masks through `tap`, and its side-effecting modules keep their state in
-  // `effects` (may be null when the config has none); both must outlive it.
-  TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState* effects = nullptr);
+  // `effects` (may be null when the config has none); both must outlive it. A sharded `shard` makes it
+  // that tensor-parallel rank's shard (shard.hpp): parameters, values() and grads() are then the shard's
+  // (load() takes the full set and keeps the rank's slice); the caller seeds the default generator
+  // equally on every rank of the shard's group.
+  TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState* effects = nullptr, TensorShard shard = {});
   // One unit on hidden state h. key_valid: (B,T) bool or undefined. sq_mean: when given, whole blocks
   // and FFN halves add mean(y^2) of their output y to it (the auxiliary loss before its weight).
   torch::Tensor run_unit(const Unit& u, const torch::Tensor& h, const torch::Tensor& key_valid,
@@ -95,8 +103,9 @@ class TransformerImpl : public torch::nn::Module {
   const ModelConfig& config() const { return c_; }
 
   void load(const ParamSet& p);  // copies values (fp64 -> parameter dtype) by name
-  ParamSet values() const;       // current parameters, as fp64, in layout order
-  ParamSet grads() const;        // gradients (zeros where undefined), as fp64
+  ParamSet values() const;       // current parameters, as fp64, in layout order (the shard's, sharded)
+  ParamSet grads() const;        // gradients (zeros where undefined), as fp64 (the shard's, sharded)
+  const TensorShard& shard() const { return shard_; }
   std::vector<bool> grads_defined() const;
   // BatchNorm running statistics ("layer0.bn.running_mean", ".running_var", ".num_batches_tracked"),
   // as fp64, and loading them back.
@@ -111,6 +120,7 @@ class TransformerImpl : public torch::nn::Module {
   ModelConfig c_;
   SiteTap* tap_;
   EffectState* effects_;
+  TensorShard shard_;
   std::vector<BlockModules> blocks_;
   std::shared_ptr<NormImpl> norm_f_;
   torch::nn::Linear head_{nullptr};

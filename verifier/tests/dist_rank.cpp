@@ -9,10 +9,13 @@
 #include <iostream>
 #include <thread>
 
+#include "reference/transformer.hpp"
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/dist/collectives.hpp"
 #include "verifier/dist/ranks.hpp"
 #include "verifier/dist/rng_tracker.hpp"
+#include "verifier/model/model.hpp"
+#include "verifier/model/shard.hpp"
 
 using namespace ckv;
 using namespace ckv::dist;
@@ -154,6 +157,152 @@ int tp_dropout(const RankEnv& env, const std::string& mode) {
   return 0;
 }
 
+// The sharded Transformer (verifier/model/shard.hpp) on the group's ranks, each tensor-parallel rank
+// running its shard of three models that differ in activation, norm and placement, with dropout at every
+// site, side-effecting modules and an auxiliary loss. Every rank gathers the masks and ReLU sides all
+// ranks drew, feeds them to the unsharded fp64 reference, and compares its loss, its input gradient and
+// each of its parameters' gradients with the reference's (the slice it holds). Also checked: masks
+// inside the tensor-parallel regions differ across the ranks and the others do not; the replicated
+// parameters' gradients are bit-identical on every rank; under a checkpoint every recompute draws its
+// forward's masks again.
+// Modes: plain; checkpoint (every block in the builtin checkpoint, shown the tracker's generators);
+// checkpoint-unshown (the builtin shown only the default generator: the recompute draws other
+// model-parallel masks, so the result line says where it differs instead of "held"); wrong-slice (every
+// rank loads the next rank's slice: the reference comparison must catch it).
+// Writes per model "held" or "differs:<what>", and the ledger's counts per pass.
+int tp_transformer(const RankEnv& env, const std::string& mode) {
+  auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(30)});
+  struct Variant {
+    Activation act;
+    NormKind norm;
+    NormPlacement placement;
+    DropoutImpl impl;
+    unsigned effects;
+    double aux;
+  };
+  const Variant variants[] = {
+      {Activation::relu, NormKind::layer, NormPlacement::pre, DropoutImpl::explicit_mask, 0, 0},
+      {Activation::swiglu, NormKind::rms, NormPlacement::post, DropoutImpl::native, 0, 0.3},
+      {Activation::gelu_tanh, NormKind::layer, NormPlacement::pre, DropoutImpl::explicit_mask, kBatchNorm | kNoise, 0}};
+  const int B = 2, T = 5;
+  std::string line;
+  for (const Variant& v : variants) {
+    ModelConfig cfg;
+    cfg.layers = 2, cfg.d_model = 8, cfg.heads = 2 * env.world, cfg.ffn_mult = 2;
+    cfg.activation = v.act, cfg.norm = v.norm, cfg.placement = v.placement;
+    cfg.effects = v.effects, cfg.aux_weight = v.aux;
+    const std::array<double, kNumDropoutSites> p = {0.3, 0.2, 0.25, 0.15};
+    const ParamSet params = make_params(cfg, 5);
+    const CaseData data = make_case_data(cfg, B, T, 5);
+
+    torch::manual_seed(11);  // the default generator: equal on every rank
+    RngTracker tracker;
+    tracker.add(kModelParallelStream, 1000 + static_cast<uint64_t>(env.rank));
+    TensorShard shard;
+    shard.rank = env.rank, shard.size = env.world, shard.tracker = &tracker;
+    shard.region = std::make_shared<ParallelRegion>();
+    shard.region->group = world;
+    shard.region->ledger = std::make_shared<CollectiveLedger>();
+    SiteTap tap(v.impl, p);
+    EffectState effects;
+    effects.counter.assign(2, 0), effects.external.assign(2, 0), effects.cache_calls.assign(2, 0);
+    TransformerImpl model(cfg, &tap, &effects, shard);
+    if (mode == "wrong-slice") {  // the next rank's slice, loaded as if it were this rank's
+      const ParamSet theirs = shard_params(params, (env.rank + 1) % env.world, env.world);
+      torch::NoGradGuard no_grad;
+      auto named = model.named_parameters();
+      for (const NamedArray& a : theirs.items)
+        named[a.name].copy_(torch::tensor(a.data, torch::kDouble).reshape(a.shape));
+    } else {
+      model.load(params);
+    }
+
+    const torch::Tensor x =
+        torch::tensor(data.x, torch::kDouble).reshape({B, T, cfg.input_width()}).to(torch::kFloat).requires_grad_();
+    torch::Tensor h = x, sq;
+    for (int l = 0; l < cfg.layers; ++l) {
+      const Unit u{l, BlockPart::whole};
+      // Called again in backward (the recompute): captures nothing of this loop by reference.
+      auto block = [&model, u](const torch::Tensor& in) {
+        torch::Tensor s;
+        torch::Tensor out = model.run_unit(u, in, {}, &s);
+        return std::vector<torch::Tensor>{out, s};
+      };
+      std::vector<torch::Tensor> outs;
+      if (mode == "checkpoint" || mode == "checkpoint-unshown") {
+        CheckpointOptions options;
+        if (mode == "checkpoint") options.generators = tracker.generators();
+        outs = ckv::checkpoint([block](const std::vector<c10::IValue>& in) { return block(in.at(0).toTensor()); }, {h},
+                               options);
+      } else {
+        outs = block(h);
+      }
+      h = outs[0];
+      sq = sq.defined() ? sq + outs[1] : outs[1];
+    }
+    const torch::Tensor targets = torch::tensor(data.targets, torch::kLong).reshape({B, T});
+    torch::Tensor loss = model.head_loss(h, targets, {});
+    if (cfg.aux_weight != 0.0) loss = loss + cfg.aux_weight * sq;
+    tap.set_context(0, 0, 1);
+    loss.backward();
+
+    const std::vector<SiteCall> gathered = gather_site_calls(*world, tap.calls());
+    const std::vector<ReluCall> relu = gather_relu_calls(*world, tap.relu_calls());
+    const DropoutMasks masks = reference_masks(gathered, relu, tap.noise_calls(), tap.jitter_calls(), cfg, p, 0, 0);
+    const ReferenceResult ref = reference_forward_backward(cfg, params, data, masks);
+
+    std::string bad;
+    auto near = [](const std::vector<double>& got, const std::vector<double>& want) {
+      if (got.size() != want.size()) return false;
+      double scale = 0.0;
+      for (double w : want) scale = std::max(scale, std::abs(w));
+      for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::abs(got[i] - want[i]) <= 1e-4 * scale + 1e-6)) return false;
+      return true;
+    };
+    if (!near({loss.item<double>()}, {ref.loss})) bad += " loss";
+    if (!near(to_doubles(x.grad()), ref.dx)) bad += " x.grad";
+    const ParamSet mine = model.grads(), want = shard_params(ref.grads, env.rank, env.world);
+    for (size_t i = 0; i < want.items.size(); ++i)
+      if (mine.items.at(i).name != want.items[i].name || !near(mine.items[i].data, want.items[i].data))
+        bad += " " + want.items[i].name;
+    // Masks across ranks: model-parallel ones differ, replicated ones are equal; every recompute's
+    // mask is its forward's.
+    int mp_equal = 0, rep_differ = 0, replay_differ = 0;
+    for (const SiteCall& c : tap.calls()) {
+      if (!c.mask.defined()) continue;
+      if (c.call == 0) {
+        const auto all = world->all_gather(c.mask.to(torch::kUInt8));
+        const bool equal = torch::equal(all.at(0), all.at(1));
+        (site_shard_dim(c.site) >= 0 ? mp_equal : rep_differ) += site_shard_dim(c.site) >= 0 ? equal : !equal;
+        continue;
+      }
+      for (const SiteCall& f : tap.calls())
+        if (f.call == 0 && f.layer == c.layer && f.site == c.site && !torch::equal(f.mask, c.mask)) ++replay_differ;
+    }
+    if (mp_equal) bad += " model-parallel-masks-equal";
+    if (rep_differ) bad += " replicated-masks-differ";
+    if (replay_differ) bad += " recompute-masks";
+    // Replicated parameters' gradients: bit-identical across the ranks.
+    for (const auto& kv : model.named_parameters()) {
+      if (shard_dim(kv.key()) >= 0 || !kv.value().grad().defined()) continue;
+      const auto all = world->all_gather(kv.value().grad().contiguous());
+      for (const auto& g : all)
+        if (!torch::equal(g, all.at(0))) {
+          bad += " replicated:" + kv.key();
+          break;
+        }
+    }
+    const auto& ledger = *shard.region->ledger;
+    line += (line.empty() ? "" : " ; ") + (bad.empty() ? std::string("held") : "differs:" + bad.substr(1)) + " " +
+            std::to_string(ledger.count(Pass::forward)) + "/" + std::to_string(ledger.count(Pass::recompute)) + "/" +
+            std::to_string(ledger.count(Pass::backward));
+  }
+  std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt") << line << "\n";
+  world->barrier();
+  return 0;
+}
+
 int all_reduce_ranks(const RankEnv& env) {
   auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
   torch::Tensor t = torch::full({3}, static_cast<float>(env.rank + 1));
@@ -183,6 +332,7 @@ int main(int argc, char** argv) {
     if (scenario == "all_reduce") return all_reduce_ranks(env);
     if (scenario == "tp_mlp") return tp_mlp(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "tp_dropout") return tp_dropout(env, argc > 2 ? argv[2] : "plain");
+    if (scenario == "tp_transformer") return tp_transformer(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "hang") {  // rank 1 never finishes (and ignores SIGTERM); the others do
       if (env.rank == 1) {
         std::signal(SIGTERM, SIG_IGN);

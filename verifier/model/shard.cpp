@@ -1,0 +1,110 @@
+// verifier/model/shard.cpp: see shard.hpp.
+#include "verifier/model/shard.hpp"
+
+#include <stdexcept>
+
+#include "verifier/dist/group.hpp"
+
+namespace ckv {
+
+int shard_dim(const std::string& name) {
+  // "<...>.<module>.<linear>.<weight|bias>"
+  std::vector<std::string> parts;
+  for (size_t begin = 0;;) {
+    const size_t dot = name.find('.', begin);
+    parts.push_back(name.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin));
+    if (dot == std::string::npos) break;
+    begin = dot + 1;
+  }
+  if (parts.size() < 3) return -1;
+  const std::string& what = parts[parts.size() - 1];
+  const std::string& linear = parts[parts.size() - 2];
+  const std::string& module = parts[parts.size() - 3];
+  const bool weight = what == "weight";
+  if (!weight && what != "bias") return -1;
+  const bool column = (module == "attn" && (linear == "wq" || linear == "wk" || linear == "wv")) ||
+                      (module == "ffn" && (linear == "fc1" || linear == "gate"));
+  const bool row = (module == "attn" && linear == "wo") || (module == "ffn" && linear == "fc2");
+  if (column) return 0;         // weight rows and bias entries: the rank's outputs
+  if (row && weight) return 1;  // weight columns: the rank's inputs
+  return -1;                    // a row-parallel bias is added once, after the reduction
+}
+
+int site_shard_dim(DropoutSite s) {
+  switch (s) {
+    case DropoutSite::attn_probs:
+      return 1;  // (B,H,T,T): the rank's heads
+    case DropoutSite::ffn_hidden:
+      return 2;  // (B,T,Dff): the rank's hidden units
+    default:
+      return -1;
+  }
+}
+
+std::string shard_error(const ModelConfig& c, int size) {
+  if (size < 1) return "tp " + std::to_string(size) + " is not a positive degree";
+  if (c.attention && c.heads % size != 0)
+    return "heads " + std::to_string(c.heads) + " do not divide by tp " + std::to_string(size);
+  if (c.d_ff() % size != 0)
+    return "the FFN width " + std::to_string(c.d_ff()) + " does not divide by tp " + std::to_string(size);
+  return "";
+}
+
+ParamSet shard_params(const ParamSet& full, int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw std::invalid_argument("shard_params: rank " + std::to_string(rank) + " of " + std::to_string(size));
+  ParamSet out;
+  for (const NamedArray& a : full.items) {
+    const int dim = shard_dim(a.name);
+    if (dim < 0 || size == 1) {
+      out.items.push_back(a);
+      continue;
+    }
+    if (static_cast<size_t>(dim) >= a.shape.size() || a.shape[static_cast<size_t>(dim)] % size != 0)
+      throw std::invalid_argument("shard_params: " + a.name + " does not split " + std::to_string(size) + " ways");
+    NamedArray s{a.name, a.shape, {}};
+    const int64_t n = a.shape[static_cast<size_t>(dim)] / size;
+    s.shape[static_cast<size_t>(dim)] = n;
+    if (dim == 0) {  // contiguous rows
+      const int64_t row = a.shape.size() > 1 ? a.shape[1] : 1;
+      const auto begin = a.data.begin() + rank * n * row;
+      s.data.assign(begin, begin + n * row);
+    } else {  // columns of a matrix
+      const int64_t rows = a.shape[0], cols = a.shape[1];
+      s.data.reserve(static_cast<size_t>(rows * n));
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto begin = a.data.begin() + r * cols + rank * n;
+        s.data.insert(s.data.end(), begin, begin + n);
+      }
+    }
+    out.items.push_back(std::move(s));
+  }
+  return out;
+}
+
+namespace {
+// Every rank's `t` (bool) joined along `dim`. Gloo reduces and gathers numbers, not bools: sent as bytes.
+torch::Tensor gather_along(const dist::Group& tp, const torch::Tensor& t, int dim) {
+  const auto parts = tp.all_gather(t.to(torch::kUInt8).contiguous());
+  return torch::cat(parts, dim).to(torch::kBool);
+}
+}  // namespace
+
+std::vector<SiteCall> gather_site_calls(const dist::Group& tp, const std::vector<SiteCall>& calls) {
+  std::vector<SiteCall> out = calls;
+  for (SiteCall& c : out) {
+    const int dim = site_shard_dim(c.site);
+    if (dim < 0) continue;
+    if (c.mask.defined()) c.mask = gather_along(tp, c.mask, dim);
+    if (c.known.defined()) c.known = gather_along(tp, c.known, dim);
+  }
+  return out;
+}
+
+std::vector<ReluCall> gather_relu_calls(const dist::Group& tp, const std::vector<ReluCall>& calls) {
+  std::vector<ReluCall> out = calls;
+  for (ReluCall& c : out) c.positive = gather_along(tp, c.positive, 2);  // (B,T,Dff): the hidden units
+  return out;
+}
+
+}  // namespace ckv

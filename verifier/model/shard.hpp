@@ -1,0 +1,59 @@
+// verifier/model/shard.hpp: the model under test split across tensor-parallel ranks, Megatron-style.
+// Each rank holds heads/tp of the attention heads (q, k, v column-parallel: a slice of their output
+// rows; the output projection row-parallel: the same slice of its input columns) and d_ff/tp of the
+// FFN's hidden units (fc1 and gate column-parallel, fc2 row-parallel). Norms, BatchNorm, the head and
+// the biases of the row-parallel projections (added once, after the reduction) are replicated.
+//
+// A tensor-parallel region starts where a replicated activation enters the column-parallel layers
+// (dist::enter_parallel: identity forward, all-reduce of the gradient) and ends after the row-parallel
+// one (dist::leave_parallel: all-reduce forward, identity backward). Dropout inside a region
+// (attn_probs, ffn_hidden: each rank drops its own shard of the activation) draws from the tracker's
+// kModelParallelStream, seeded per tensor-parallel rank; dropout outside (attn_out, ffn_out) and the
+// noise and jitter draw from the default generator, which the ranks seed equally.
+//
+// The dropout masks and ReLU sides a rank records are its shard's; gathered along their split
+// dimension over the ranks, they are what the unsharded model drew (the reference is fed them).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "reference/params.hpp"
+#include "verifier/model/site_tap.hpp"
+
+namespace ckv {
+namespace dist {
+class Group;
+class RngTracker;
+struct ParallelRegion;
+}  // namespace dist
+
+// The tracker stream dropout inside a tensor-parallel region draws from.
+inline constexpr const char* kModelParallelStream = "model-parallel";
+
+// Which of `size` tensor-parallel ranks a model is. size 1 is the unsharded model (nothing else set).
+struct TensorShard {
+  int rank = 0, size = 1;
+  std::shared_ptr<dist::ParallelRegion> region;  // the tensor-parallel group and its ledger
+  dist::RngTracker* tracker = nullptr;           // holds kModelParallelStream; outlives the model
+  bool sharded() const { return size > 1; }
+};
+
+// The dimension of a layout parameter that tensor parallelism splits: 0 (rows: a column-parallel
+// layer's outputs), 1 (columns: a row-parallel layer's inputs), or -1 (replicated).
+int shard_dim(const std::string& param_name);
+// The dimension of a dropout site's tensor split across tensor-parallel ranks, or -1 (replicated).
+int site_shard_dim(DropoutSite s);
+// Why `c` cannot be split over `size` ranks ("heads 3 do not divide by tp 2"), or "" when it can.
+std::string shard_error(const ModelConfig& c, int size);
+// Rank `rank`'s slice of the full parameters `full` (replicated ones whole), names and order kept.
+ParamSet shard_params(const ParamSet& full, int rank, int size);
+
+// The records of every tensor-parallel rank joined along their split dimension, in call order: the
+// unsharded model's masks and ReLU sides. Every rank of `tp` calls these with its own records of the
+// same sequence of calls (the same program); replicated sites come back as this rank's.
+std::vector<SiteCall> gather_site_calls(const dist::Group& tp, const std::vector<SiteCall>& calls);
+std::vector<ReluCall> gather_relu_calls(const dist::Group& tp, const std::vector<ReluCall>& calls);
+
+}  // namespace ckv
