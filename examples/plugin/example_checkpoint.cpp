@@ -82,13 +82,15 @@ struct AutocastCacheOff {
   ~AutocastCacheOff() { at::autocast::set_autocast_cache_enabled(was); }
 };
 
-// Every generator a segment may draw from: the CPU one and the default one of each CUDA device.
-std::vector<at::Generator> generators() {
+// Every generator a segment may draw from: the CPU one, the default one of each CUDA device, and those
+// the call names besides (a model-parallel RNG tracker's streams, SegmentCall::generators).
+std::vector<at::Generator> generators(const std::vector<at::Generator>& shown) {
   std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
   if (at::hasCUDA()) {
     for (size_t i = 0; i < at::getNumGPUs(); ++i)
       gens.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))));
   }
+  gens.insert(gens.end(), shown.begin(), shown.end());
   return gens;
 }
 std::vector<at::Tensor> get_states(std::vector<at::Generator>& gens) {
@@ -110,12 +112,13 @@ void set_states(std::vector<at::Generator>& gens, const std::vector<at::Tensor>&
 // segment: with several micro-batches in flight each call has its own random draws).
 struct Segment : torch::CustomClassHolder {
   ckv::SegmentFunction fn;
-  std::vector<c10::IValue> args;   // fn's arguments, tensors replaced by None (they are saved variables)
-  std::vector<size_t> tensor_pos;  // where the tensors go back
-  std::vector<at::Tensor> params;  // every parameter fn reads
-  ckv::SegmentState state;         // shared by the forward and the recomputes (segment_scope.hpp)
-  std::vector<at::Tensor> rng;     // generator states just before the forward ran fn
-  AutocastState autocast;          // autocast state the forward ran fn under
+  std::vector<c10::IValue> args;     // fn's arguments, tensors replaced by None (they are saved variables)
+  std::vector<size_t> tensor_pos;    // where the tensors go back
+  std::vector<at::Tensor> params;    // every parameter fn reads
+  std::vector<at::Generator> shown;  // the generators the call names besides the defaults
+  ckv::SegmentState state;           // shared by the forward and the recomputes (segment_scope.hpp)
+  std::vector<at::Tensor> rng;       // generator states just before the forward ran fn
+  AutocastState autocast;            // autocast state the forward ran fn under
 
   std::vector<c10::IValue> with_tensors(const variable_list& tensors) const {
     std::vector<c10::IValue> a = args;
@@ -133,7 +136,7 @@ struct Segment : torch::CustomClassHolder {
 class ReplayForward {
  public:
   explicit ReplayForward(const Segment& seg)
-      : gens_(generators()), rng_(get_states(gens_)), autocast_(AutocastState::current()) {
+      : gens_(generators(seg.shown)), rng_(get_states(gens_)), autocast_(AutocastState::current()) {
     set_states(gens_, seg.rng);
 #ifndef EXAMPLE_BUG_71124
     seg.autocast.install();
@@ -178,7 +181,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::intrusive_ptr<Segment> seg) {
     // Function::apply runs forward with grad disabled: fn builds no graph and keeps no activations.
     const size_t num_args = seg->tensor_pos.size();
-    auto gens = generators();
+    auto gens = generators(seg->shown);
     seg->rng = get_states(gens);
     seg->autocast = AutocastState::current();
     variable_list args(inputs.begin(), inputs.begin() + num_args);
@@ -288,6 +291,7 @@ class ExampleCheckpoint : public ckv::CheckpointImpl {
     seg->fn = call.fn;
     seg->args = call.args;
     seg->params = call.params;
+    seg->shown = call.generators;
     variable_list inputs;
     for (size_t i = 0; i < call.args.size(); ++i) {
       if (!call.args[i].isTensor()) continue;

@@ -7,7 +7,13 @@ What a Python checkpoint implementation sees and may use:
     ``forward(*args)`` runs the Case's segment. It holds the segment's parameters (``parameters()``,
     ``named_parameters()``, names ``p0, p1, ...``: the very tensors the Case trains, not copies) and
     ``index`` (the segment's index in the plan, stable across steps and micro-batches), ``step`` (the
-    optimizer step) and ``micro`` (the micro-batch within the step).
+    optimizer step) and ``micro`` (the micro-batch within the step). ``generators``: the
+    ``torch.Generator`` objects the segment draws from besides the devices' default ones (the streams of
+    a model-parallel RNG tracker, forked inside the segment; empty without tensor parallelism). A
+    checkpoint replays them as it replays the defaults: their states taken before the forward, set
+    again for the recompute, and put back after it. ``replay_generators_context(segment)`` does this
+    for ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``; the reentrant checkpoint takes no
+    ``context_fn`` and cannot.
 
 ``Blocks``
     What a strategy (``--strategy py:MODULE:FUNC``, called as ``FUNC(blocks, x, **options)``) receives:
@@ -26,7 +32,12 @@ What a Python checkpoint implementation sees and may use:
 ``recompute_aware_context()``
     A ``context_fn`` for ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` that does exactly
     that: how a framework built on torch's checkpoint adopts the contract in one argument.
+
+``replay_generators_context(segment)``
+    A ``context_fn`` for the same that replays ``segment.generators`` in the recompute.
 """
+import contextlib
+
 import torch
 
 try:  # the native half exists only inside ckverify's embedded interpreter
@@ -34,7 +45,8 @@ try:  # the native half exists only inside ckverify's embedded interpreter
 except ImportError:  # imported by plain Python (docs, tests of the adapters): no recompute flag to set
     _native = None
 
-__all__ = ["Segment", "Blocks", "SegmentState", "is_recomputing", "segment_scope", "recompute_aware_context"]
+__all__ = ["Segment", "Blocks", "SegmentState", "is_recomputing", "segment_scope", "recompute_aware_context",
+           "replay_generators_context"]
 
 
 class SegmentState:
@@ -80,10 +92,40 @@ def recompute_aware_context():
     return segment_scope(state, False), segment_scope(state, True)
 
 
+class _ReplayGenerators:
+    """Sets the generators to the given states while entered, and back to what they were after; may be
+    entered again (torch enters a recompute context once per recompute)."""
+
+    def __init__(self, generators, states):
+        self.generators, self.states, self.saved = generators, states, []
+
+    def __enter__(self):
+        self.saved.append([g.get_state() for g in self.generators])
+        for g, s in zip(self.generators, self.states):
+            g.set_state(s)
+        return self
+
+    def __exit__(self, *exc):
+        for g, s in zip(self.generators, self.saved.pop()):
+            g.set_state(s)
+        return False
+
+
+def replay_generators_context(segment):
+    """A ``context_fn`` (to call now, before the forward) that replays ``segment.generators`` in the recompute."""
+    generators = list(getattr(segment, "generators", ()))
+    states = [g.get_state() for g in generators]
+
+    def context_fn():
+        return contextlib.nullcontext(), _ReplayGenerators(generators, states)
+
+    return context_fn
+
+
 class Segment(torch.nn.Module):
     """One checkpointed segment of a ckverify Case, as a module (see the package docstring)."""
 
-    def __init__(self, fn, params, index, step, micro):
+    def __init__(self, fn, params, index, step, micro, generators=()):
         super().__init__()
         self._ckv_fn = fn
         # The Case's own parameter tensors, registered as they are: a wrapper that looks at
@@ -91,6 +133,7 @@ class Segment(torch.nn.Module):
         for i, p in enumerate(params):
             self._parameters["p%d" % i] = p
         self.index, self.step, self.micro = index, step, micro
+        self.generators = list(generators)
 
     def forward(self, *args, **kwargs):
         if kwargs:

@@ -138,8 +138,8 @@ class _FunctionRunner:
     def __init__(self, target, positional, options):
         self.target, self.positional, self.options = target, tuple(positional), options
 
-    def __call__(self, fn, params, index, step, micro, args):
-        segment = Segment(fn, params, index, step, micro)
+    def __call__(self, fn, params, index, step, micro, args, generators=()):
+        segment = Segment(fn, params, index, step, micro, generators)
         return self.target(segment, *self.positional, *args, **self.options)
 
 
@@ -148,20 +148,21 @@ class _WrapperRunner:
         self.target, self.options = target, options
         self.wrapped = {}  # (index, micro) -> (segment, wrapped), for one training run at a time
 
-    def __call__(self, fn, params, index, step, micro, args):
+    def __call__(self, fn, params, index, step, micro, args, generators=()):
         run_key = tuple(p._cdata for p in params)  # the parameters of the training run
         entry = self.wrapped.get((index, micro))
         if entry is None or entry[0] != run_key:
             if entry is not None:
                 # Another training run (ckverify runs one at a time): its wrappers replace the last one's.
                 self.wrapped = {k: v for k, v in self.wrapped.items() if v[0] == run_key}
-            segment = Segment(fn, params, index, step, micro)
+            segment = Segment(fn, params, index, step, micro, generators)
             entry = (run_key, segment, self.target(segment, **self.options))
             self.wrapped[(index, micro)] = entry
         _, segment, wrapped = entry
         # The same module, now running this call's segment (a recompute of this step and micro-batch
         # happens before the next forward of the same key).
         segment._ckv_fn, segment.step, segment.micro = fn, step, micro
+        segment.generators = list(generators)
         return wrapped(*args)
 
 
@@ -171,8 +172,9 @@ class _StrategyRunner:
     def __init__(self, target, options):
         self.target, self.options = target, options
 
-    def __call__(self, fns, params, step, micro, x):
-        blocks = Blocks(Segment(fn, p, i, step, micro) for i, (fn, p) in enumerate(zip(fns, params)))
+    def __call__(self, fns, params, step, micro, x, generators=None):
+        generators = generators if generators is not None else [()] * len(fns)
+        blocks = Blocks(Segment(fn, p, i, step, micro, g) for i, (fn, p, g) in enumerate(zip(fns, params, generators)))
         out = self.target(blocks, x, **self.options)
         if not isinstance(out, torch.Tensor):
             raise TypeError("the strategy returned %s, not the block stack's output tensor" % type(out).__name__)
@@ -180,7 +182,8 @@ class _StrategyRunner:
 
 
 def load(module, callable_name, options):
-    """The runner for one spec: runner(fn, params, index, step, micro, args) -> what the callable returned."""
+    """The runner for one spec: runner(fn, params, index, step, micro, args, generators) -> what the callable
+    returned (a strategy's: runner(fns, params, step, micro, x, generators), one list per block)."""
     ours = {k: v for k, v in options.items() if k.startswith("@")}
     theirs = {k: typed(v) for k, v in options.items() if not k.startswith("@")}
     unknown = sorted(set(ours) - {"@convention", "@args"})

@@ -7,12 +7,16 @@ convention unless it names another (``ckverify_convention``).
     ``torch.utils.checkpoint.checkpoint(segment, *args, use_reentrant=False, context_fn=..., **kw)`` whose
     context_fn marks the recompute (``ckverify.recompute_aware_context``): torch's non-reentrant checkpoint
     adopting the side-effect contract, so it is gated on ``fx=`` Cases too. ``recompute_aware=false``
-    gives torch's checkpoint as it is.
+    gives torch's checkpoint as it is. Where the segment shows generators besides the defaults
+    (``segment.generators``: a model-parallel tracker's streams), the non-reentrant checkpoint also
+    replays them (``ckverify.replay_generators_context``), as torch replays only the default generators;
+    ``use_reentrant=true`` cannot (no context_fn), and draws other masks from them in the recompute.
 
 ``selective(segment, *args, ops=[...], recompute_aware=True, **kw)``
     torch's selective activation checkpointing (``create_selective_checkpoint_contexts``) with a policy given
     as an op list: the outputs of the listed ops (``"aten.mm.default"``, ``"aten.addmm"``: an overload or
     every overload of a packet) are saved, everything else is recomputed; ``ops=[]`` recomputes every op.
+    ``segment.generators`` are replayed as with ``torch_checkpoint``.
 
 ``checkpoint_sequential(blocks, x, segments=2, **kw)`` (a strategy: ``--strategy``)
     ``torch.utils.checkpoint.checkpoint_sequential(blocks, segments, x, **kw)``, whose parameters come in
@@ -86,9 +90,14 @@ def _compose(*context_fns):
 
 
 def torch_checkpoint(segment, *args, recompute_aware=True, **kw):
-    if recompute_aware:
-        kw["context_fn"] = _compose(ckverify.recompute_aware_context, *([kw["context_fn"]] if "context_fn" in kw else []))
     kw.setdefault("use_reentrant", False)
+    fns = [ckverify.recompute_aware_context] if recompute_aware else []
+    if getattr(segment, "generators", None) and not kw["use_reentrant"]:
+        fns.append(ckverify.replay_generators_context(segment))  # torch replays only the default generators
+    if "context_fn" in kw:
+        fns.append(kw["context_fn"])
+    if fns:
+        kw["context_fn"] = _compose(*fns)
     return _tc.checkpoint(segment, *args, **kw)
 
 
@@ -100,6 +109,8 @@ def selective(segment, *args, ops=None, recompute_aware=True, **kw):
     saved = [o for name in ops for o in _op(name)]
     policy = lambda: _tc.create_selective_checkpoint_contexts(saved)
     fns = [policy] + ([ckverify.recompute_aware_context] if recompute_aware else [])
+    if getattr(segment, "generators", None):
+        fns.append(ckverify.replay_generators_context(segment))
     return _tc.checkpoint(segment, *args, use_reentrant=False, context_fn=_compose(*fns), **kw)
 
 

@@ -18,8 +18,8 @@
 
 namespace ckv {
 
-// 2: strategies (is_strategy, run_stack).
-inline constexpr int kImplInterfaceVersion = 2;
+// 2: strategies (is_strategy, run_stack). 3: SegmentCall::generators.
+inline constexpr int kImplInterfaceVersion = 3;
 
 struct SegmentCall {
   SegmentFunction fn;
@@ -32,6 +32,11 @@ struct SegmentCall {
   int segment = 0;  // index of the segment in the plan, stable across steps and micro-batches
   int step = 0;     // optimizer step
   int micro = 0;    // micro-batch within the step
+  // Generators fn draws from besides the devices' default ones: the streams of a model-parallel RNG
+  // tracker (verifier/dist/rng_tracker.hpp), forked inside fn. A checkpoint replays them as it replays
+  // the defaults: their states captured before the forward, set again for the recompute, and left after
+  // it as they were before it. Empty where fn draws from the defaults only.
+  std::vector<at::Generator> generators;
 };
 
 // The block stack of one micro-batch's forward, handed to a strategy (is_strategy()): one SegmentCall

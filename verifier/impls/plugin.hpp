@@ -13,7 +13,9 @@
 //
 // The interface (interface.hpp): run() gets a SegmentCall: the segment function, its positional
 // arguments (several tensors, ints, doubles, bools, None), the parameters it reads, the segment's index
-// in the plan, the optimizer step and the micro-batch; begin_step()/end_step() mark step boundaries.
+// in the plan, the optimizer step, the micro-batch, and the generators it draws from besides the devices'
+// default ones (a model-parallel tracker's streams: replay them as the defaults); begin_step()/end_step()
+// mark step boundaries.
 // Lifetime: call.fn and every tensor in call.args stay valid until end_step(call.step) returns; the
 // implementation may copy fn and call it again from any thread until then (that is what a recompute
 // does). Modules with side effects learn about recomputes through SegmentScope (segment_scope.hpp): wrap

@@ -11,15 +11,16 @@
 //
 // The spec's calling convention, option typing and up-front signature checks live in Python
 // (python/ckverify/_bridge.py, documented there): the bridge hands each segment call to the runner it
-// returns, as runner(fn, params, segment_index, step, micro, args). fn is a Python callable over the same
-// positional arguments (tensors as torch.Tensor, ints, floats, bools, None) that runs the Case's segment
-// and returns a tensor (one output) or a tuple of tensors. The GIL is held only while Python runs: it is
-// released around the segment itself and everywhere else, so autograd's threads can run Python hooks
-// (torch's saved-tensor unpack hooks, the reentrant CheckpointFunction.backward) during the Case's
-// backward. The embedded module _ckverify_native gives Python the recompute flag (SegmentScope).
-// Python modules are found on the torch wheel's site-packages (fixed at build time), ckverify's own
-// package (python/, or share/ckverify/python beside an installed ckverify) and PYTHONPATH.
+// returns, as runner(fn, params, segment_index, step, micro, args, generators) (generators: the call's
+// SegmentCall::generators as torch.Generator objects). fn is a Python callable over the same positional arguments
+// (tensors as torch.Tensor, ints, floats, bools, None) that runs the Case's segment and returns a tensor (one output)
+// or a tuple of tensors. The GIL is held only while Python runs: it is released around the segment itself and
+// everywhere else, so autograd's threads can run Python hooks (torch's saved-tensor unpack hooks, the reentrant
+// CheckpointFunction.backward) during the Case's backward. The embedded module _ckverify_native gives Python the
+// recompute flag (SegmentScope). Python modules are found on the torch wheel's site-packages (fixed at build time),
+// ckverify's own package (python/, or share/ckverify/python beside an installed ckverify) and PYTHONPATH.
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -166,6 +167,13 @@ c10::IValue from_py(const py::handle& h) {
 }
 
 // The Python callable that runs a segment function (called with the GIL held; releases it inside).
+// The generators a call shows besides the defaults, as torch.Generator objects (the same generators).
+py::list generators_of(const SegmentCall& call) {
+  py::list out;
+  for (const at::Generator& g : call.generators) out.append(py::reinterpret_steal<py::object>(THPGenerator_Wrap(g)));
+  return out;
+}
+
 py::object segment_callable(const SegmentFunction& seg) {
   py::cpp_function segment([seg](py::args a, py::kwargs kw) -> py::object {
     if (kw.size() > 0) {
@@ -234,7 +242,7 @@ class PythonImpl : public CheckpointImpl {
     for (const auto& p : call.params) params.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
     py::object r;
     try {
-      r = (*runner_)(segment, params, call.segment, call.step, call.micro, args);
+      r = (*runner_)(segment, params, call.segment, call.step, call.micro, args, generators_of(call));
     } catch (const py::error_already_set& e) {
       throw TracedError("the Python checkpoint raised " + py_error(e), py_traceback(e));
     }
@@ -258,16 +266,18 @@ class PythonImpl : public CheckpointImpl {
   torch::Tensor run_stack(const StackCall& call) override {
     py::gil_scoped_acquire gil;
     PyErr_Clear();
-    py::list fns, params;
+    py::list fns, params, generators;
     for (const SegmentCall& b : call.blocks) {
       fns.append(segment_callable(b.fn));
+      generators.append(generators_of(b));
       py::list ps;
       for (const auto& p : b.params) ps.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
       params.append(ps);
     }
     py::object r;
     try {
-      r = (*runner_)(fns, params, call.step, call.micro, py::reinterpret_steal<py::object>(THPVariable_Wrap(call.x)));
+      r = (*runner_)(fns, params, call.step, call.micro, py::reinterpret_steal<py::object>(THPVariable_Wrap(call.x)),
+                     generators);
     } catch (const py::error_already_set& e) {
       throw TracedError("the Python strategy raised " + py_error(e), py_traceback(e));
     }

@@ -10,6 +10,7 @@
 
 #include "properties/property.hpp"
 #include "properties/tolerance.hpp"
+#include "verifier/dist/rng_tracker.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/model/memory.hpp"
 #include "verifier/model/model.hpp"
@@ -220,6 +221,75 @@ TEST(Model, RunsAreDeterministicPerSeed) {
   Case other = c;
   other.seed = 12;
   EXPECT_NE(train(other, nullptr).steps[0].losses, a.steps[0].losses);
+}
+
+// SegmentCall::generators (interface.hpp): fn forks a model-parallel tracker's stream. Run plainly (impl
+// null) or through `impl`, shown the stream or not: x's gradient, and the stream's state before and after
+// backward.
+struct StreamRun {
+  torch::Tensor grad, stream_before_backward, stream_after;
+};
+StreamRun run_with_stream(CheckpointImpl* impl, bool show) {
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({4, 6}).requires_grad_();
+  auto tracker = std::make_shared<dist::RngTracker>();
+  tracker->add(kModelParallelStream, 77);
+  torch::manual_seed(9);
+  const SegmentFunction fn = [tracker](const std::vector<c10::IValue>& a) {
+    const torch::Tensor in = a.at(0).toTensor();
+    torch::Tensor keep_mp;
+    {
+      const auto fork = tracker->fork(kModelParallelStream);
+      keep_mp = torch::empty_like(in).bernoulli_(0.5);
+    }
+    const torch::Tensor keep = torch::empty_like(in).bernoulli_(0.5);  // the default generator
+    return std::vector<torch::Tensor>{in.sin() * keep_mp * keep};
+  };
+  torch::Tensor out;
+  if (!impl) {
+    out = fn({x})[0];
+  } else {
+    SegmentCall call;
+    call.fn = fn;
+    call.args = {x};
+    if (show) call.generators = tracker->generators();
+    out = impl->run(call).at(0);
+  }
+  StreamRun r;
+  r.stream_before_backward = tracker->generators().at(0).get_state();
+  out.sum().backward();
+  r.grad = x.grad();
+  r.stream_after = tracker->generators().at(0).get_state();
+  return r;
+}
+
+// The builtin replays the generators a call shows it and leaves them after the recompute as it found
+// them; not shown the stream, its recompute forks it where the forward left it: other masks, other
+// gradients (the bug of a tracker not restored in the recompute).
+TEST(ImplInterface, TheBuiltinReplaysTheGeneratorsACallShowsIt) {
+  const StreamRun plain = run_with_stream(nullptr, false);
+  const StreamRun shown = run_with_stream(make_builtin().get(), true);
+  const StreamRun unshown = run_with_stream(make_builtin().get(), false);
+  EXPECT_TRUE(torch::equal(shown.grad, plain.grad));
+  EXPECT_TRUE(torch::equal(shown.stream_after, shown.stream_before_backward));
+  EXPECT_FALSE(torch::equal(unshown.grad, plain.grad));
+}
+
+// Through the Python bridge the segment carries them as torch.Generator objects (segment.generators):
+// the torch_checkpoint adapter's non-reentrant checkpoint replays them; torch's reentrant one cannot
+// (it takes no context_fn) and recomputes other masks.
+TEST(ImplInterface, PythonImplementationsAreShownTheGeneratorsToo) {
+#ifdef CKV_TEST_PYTHON
+  const StreamRun plain = run_with_stream(nullptr, false);
+  const StreamRun shown = run_with_stream(make_impl("py:ckverify.adapters:torch_checkpoint").get(), true);
+  EXPECT_TRUE(torch::equal(shown.grad, plain.grad));
+  EXPECT_TRUE(torch::equal(shown.stream_after, shown.stream_before_backward));
+  const StreamRun reentrant = run_with_stream(
+      make_impl("py:ckverify.adapters:torch_checkpoint:use_reentrant=true,recompute_aware=false").get(), true);
+  EXPECT_FALSE(torch::equal(reentrant.grad, plain.grad));
+#else
+  GTEST_SKIP() << "this build has no Python bridge (the floor build)";
+#endif
 }
 
 // ---- memory measurement (verifier/model/memory.hpp) ----

@@ -21,7 +21,10 @@ class FrameImpl : public CheckpointImpl {
  public:
   explicit FrameImpl(CheckpointOptions options = full_recompute()) : options_(options) {}
   std::vector<torch::Tensor> run(const SegmentCall& call) override {
-    return checkpoint_detail::checkpoint_with<Frame>(call.fn, call.args, options_);
+    if (call.generators.empty()) return checkpoint_detail::checkpoint_with<Frame>(call.fn, call.args, options_);
+    CheckpointOptions options = options_;  // the call's generators replayed besides the configured ones
+    options.generators.insert(options.generators.end(), call.generators.begin(), call.generators.end());
+    return checkpoint_detail::checkpoint_with<Frame>(call.fn, call.args, options);
   }
 
  private:
