@@ -4,7 +4,11 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <map>
+#include <utility>
+
 #include "verifier/checkpoint/compat.hpp"
+#include "verifier/checkpoint/segment_scope.hpp"
 
 namespace ckv::dist {
 
@@ -47,6 +51,22 @@ int64_t CollectiveLedger::bytes(Pass pass) const {
   for (const auto& r : records_)
     if (r.pass == pass) n += r.bytes;
   return n;
+}
+
+std::vector<std::string> ledger_violations(const std::vector<CollectiveRecord>& plain,
+                                           const std::vector<CollectiveRecord>& test) {
+  // (label, kind) -> backward collectives of the plain run and of the test run, in label order.
+  std::map<std::pair<std::string, Collective>, std::pair<int, int>> counts;
+  for (const auto& r : plain)
+    if (r.pass == Pass::backward) ++counts[{r.where, r.kind}].first;
+  for (const auto& r : test)
+    if (r.pass == Pass::backward) ++counts[{r.where, r.kind}].second;
+  std::vector<std::string> out;
+  for (const auto& [key, n] : counts)
+    if (n.second > n.first)
+      out.push_back(key.first + ": " + std::to_string(n.second) + " backward " + to_string(key.second) + ", " +
+                    std::to_string(n.first) + " without checkpointing");
+  return out;
 }
 
 namespace {
@@ -107,9 +127,18 @@ torch::Tensor enter_parallel(const torch::Tensor& x, const std::shared_ptr<Paral
 }
 
 torch::Tensor leave_parallel(const torch::Tensor& y, const std::shared_ptr<ParallelRegion>& region,
-                             const std::string& where) {
+                             const std::string& where, bool keep_in_checkpoint) {
+  auto identity = [] { return std::shared_ptr<IdentityBackward>(new IdentityBackward(), torch::autograd::deleteNode); };
+  SegmentState* segment = keep_in_checkpoint ? current_segment() : nullptr;
+  const std::string key = "ckv.dist.reduced." + where;
+  if (segment && is_recomputing()) {
+    const auto kept = segment->stash.find(key);
+    // The forward's sum, no collective; its gradient still flows to this rank's partial product.
+    if (kept != segment->stash.end()) return attach(kept->second.toTensor().clone(), y, identity());
+  }
   torch::Tensor out = all_reduce(y, *region, forward_pass(), where);
-  return attach(out, y, std::shared_ptr<IdentityBackward>(new IdentityBackward(), torch::autograd::deleteNode));
+  if (segment && !is_recomputing()) segment->stash[key] = out.detach();  // no history: no cycle through it
+  return attach(out, y, identity());
 }
 
 }  // namespace ckv::dist

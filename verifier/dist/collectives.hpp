@@ -49,6 +49,14 @@ class CollectiveLedger {
   std::vector<CollectiveRecord> records_;
 };
 
+// The ledger rule, for one rank: `test` (a run under a checkpoint) against `plain` (the same run
+// without). A recompute may repeat forward collectives (Pass::recompute) or save their results; it must
+// never issue a backward collective more often than the plain run does. One line per label whose
+// backward collectives outnumber the plain run's ("dp.3: 4 backward all_reduce, 2 without
+// checkpointing"); empty when the rule holds.
+std::vector<std::string> ledger_violations(const std::vector<CollectiveRecord>& plain,
+                                           const std::vector<CollectiveRecord>& test);
+
 // A tensor-parallel region's group and the ledger its collectives go to. The backward functions of the
 // graphs built with it hold it (shared ownership), so it outlives them.
 struct ParallelRegion {
@@ -58,7 +66,11 @@ struct ParallelRegion {
 
 torch::Tensor enter_parallel(const torch::Tensor& x, const std::shared_ptr<ParallelRegion>& region,
                              const std::string& where);
+// keep_in_checkpoint: inside a checkpointed call that keeps the recompute contract (segment_scope.hpp),
+// the forward keeps the all-reduce's output in the call's SegmentState and the recompute reuses it
+// instead of communicating again: a checkpoint then recomputes only the rank's local ops (the selective
+// plan that saves the communicated result), for the memory of the kept outputs.
 torch::Tensor leave_parallel(const torch::Tensor& y, const std::shared_ptr<ParallelRegion>& region,
-                             const std::string& where);
+                             const std::string& where, bool keep_in_checkpoint = false);
 
 }  // namespace ckv::dist

@@ -54,4 +54,25 @@ std::vector<at::Generator> RngTracker::generators() const {
   return out;
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> RngTracker::states() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [name, s] : streams_) {
+    if (*s.forked) throw std::logic_error("RngTracker: stream " + name + " is forked; its state is the default's");
+    out.emplace_back(name, state_of(s.generator));
+  }
+  return out;
+}
+
+void RngTracker::set_states(const std::vector<std::pair<std::string, torch::Tensor>>& saved) {
+  std::string ours, theirs;
+  for (const auto& [name, s] : streams_) ours += (ours.empty() ? "" : ",") + name;
+  for (const auto& [name, state] : saved) theirs += (theirs.empty() ? "" : ",") + name;
+  if (ours != theirs)
+    throw std::invalid_argument("RngTracker: the saved states are of streams [" + theirs + "], this tracker has [" +
+                                ours + "]");
+  for (const auto& [name, s] : streams_)
+    if (*s.forked) throw std::logic_error("RngTracker: stream " + name + " is forked");
+  for (const auto& [name, state] : saved) set_state(streams_.at(name).generator, state);
+}
+
 }  // namespace ckv::dist

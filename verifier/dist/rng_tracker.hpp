@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ckv::dist {
@@ -47,6 +48,13 @@ class RngTracker {
 
   // The streams' generators, in name order: what a checkpoint must capture and replay.
   std::vector<at::Generator> generators() const;
+
+  // Every stream's state, in name order: what a training state must carry, so that a resumed run draws
+  // the masks the uninterrupted one drew (a tracker left out of the state restarts its streams).
+  std::vector<std::pair<std::string, torch::Tensor>> states() const;
+  // Sets the streams to saved states. Throws unless `saved` names exactly this tracker's streams, and
+  // while a stream is forked (the default generator holds its state then).
+  void set_states(const std::vector<std::pair<std::string, torch::Tensor>>& saved);
 
  private:
   struct Stream {

@@ -58,7 +58,7 @@ torch::Tensor row_parallel(const TensorShard& s, torch::nn::Linear& lin, const t
                            const char* part) {
   if (!s.sharded()) return lin->forward(x);
   return dist::leave_parallel(torch::linear(x, lin->weight), s.region,
-                              "layer" + std::to_string(layer) + "." + part + ".out") +
+                              "layer" + std::to_string(layer) + "." + part + ".out", s.keep_reduced) +
          lin->bias;
 }
 // A dropout site inside a tensor-parallel region: drawn from the model-parallel stream when sharded.

@@ -37,6 +37,9 @@ struct TensorShard {
   int rank = 0, size = 1;
   std::shared_ptr<dist::ParallelRegion> region;  // the tensor-parallel group and its ledger
   dist::RngTracker* tracker = nullptr;           // holds kModelParallelStream; outlives the model
+  // Selective: inside a checkpoint, each region's forward all-reduce output is kept and the recompute
+  // reuses it (dist::leave_parallel's keep_in_checkpoint): only local ops are recomputed.
+  bool keep_reduced = false;
   bool sharded() const { return size > 1; }
 };
 

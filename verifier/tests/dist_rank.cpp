@@ -13,6 +13,7 @@
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/dist/collectives.hpp"
 #include "verifier/dist/ranks.hpp"
+#include "verifier/dist/reducer.hpp"
 #include "verifier/dist/rng_tracker.hpp"
 #include "verifier/model/model.hpp"
 #include "verifier/model/shard.hpp"
@@ -166,6 +167,7 @@ int tp_dropout(const RankEnv& env, const std::string& mode) {
 // parameters' gradients are bit-identical on every rank; under a checkpoint every recompute draws its
 // forward's masks again.
 // Modes: plain; checkpoint (every block in the builtin checkpoint, shown the tracker's generators);
+// checkpoint-selective (the same, the model keeping each forward all-reduce's output for the recompute);
 // checkpoint-unshown (the builtin shown only the default generator: the recompute draws other
 // model-parallel masks, so the result line says where it differs instead of "held"); wrong-slice (every
 // rank loads the next rank's slice: the reference comparison must catch it).
@@ -200,6 +202,7 @@ int tp_transformer(const RankEnv& env, const std::string& mode) {
     tracker.add(kModelParallelStream, 1000 + static_cast<uint64_t>(env.rank));
     TensorShard shard;
     shard.rank = env.rank, shard.size = env.world, shard.tracker = &tracker;
+    shard.keep_reduced = mode == "checkpoint-selective";
     shard.region = std::make_shared<ParallelRegion>();
     shard.region->group = world;
     shard.region->ledger = std::make_shared<CollectiveLedger>();
@@ -229,9 +232,9 @@ int tp_transformer(const RankEnv& env, const std::string& mode) {
         return std::vector<torch::Tensor>{out, s};
       };
       std::vector<torch::Tensor> outs;
-      if (mode == "checkpoint" || mode == "checkpoint-unshown") {
+      if (mode == "checkpoint" || mode == "checkpoint-unshown" || mode == "checkpoint-selective") {
         CheckpointOptions options;
-        if (mode == "checkpoint") options.generators = tracker.generators();
+        if (mode != "checkpoint-unshown") options.generators = tracker.generators();
         outs = ckv::checkpoint([block](const std::vector<c10::IValue>& in) { return block(in.at(0).toTensor()); }, {h},
                                options);
       } else {
@@ -303,6 +306,119 @@ int tp_transformer(const RankEnv& env, const std::string& mode) {
   return 0;
 }
 
+// A reentrant checkpoint of the oldest kind: forward under no_grad; backward recomputes from a detached
+// copy of the input and runs a nested backward through the recomputed graph, which accumulates straight
+// into the parameters' .grad (torch.utils.checkpoint(use_reentrant=True) does this). Each nested backward
+// runs the parameters' AccumulateGrad, so a parameter read by two such segments is accumulated twice.
+TransformerImpl* nested_model = nullptr;  // the model NestedBackwardCheckpoint's blocks belong to
+struct NestedBackwardCheckpoint : torch::autograd::Function<NestedBackwardCheckpoint> {
+  static torch::Tensor block(const torch::Tensor& x, int64_t layer) {
+    return nested_model->run_unit(Unit{static_cast<int>(layer), BlockPart::whole}, x, {});
+  }
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t layer) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["layer"] = layer;
+    torch::NoGradGuard no_grad;
+    return block(x, layer);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor x = ctx->get_saved_variables().at(0).detach().requires_grad_();
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad(true);
+      out = block(x, ctx->saved_data["layer"].toInt());
+    }
+    torch::autograd::backward({out}, {grads.at(0)});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+// Data parallelism: every rank a replica of the whole Transformer (blocks tied to layer 0, so one
+// parameter is read by both blocks) on its own data, two micro-batches, the DDP-style reducer averaging
+// each parameter's gradient. Every rank checks its gradients against the mean over replicas and
+// micro-batches of the fp64 reference's, and counts the reducer's hook fires per backward.
+// Modes: plain; checkpoint (each block in the builtin); nested (each block in NestedBackwardCheckpoint,
+// whose nested backwards accumulate the tied parameters twice: the hook fires twice).
+// Every mode runs after a plain run on the same ranks, whose ledger the ledger rule compares with.
+// Writes "held" or "differs:<what>", then "fires=<most fires of a parameter in one backward>", the
+// backward all-reduces, and "rule=<violations of the ledger rule>" with the first one.
+int dp_transformer(const RankEnv& env, const std::string& mode) {
+  auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(30)});
+  ModelConfig cfg;
+  cfg.layers = 2, cfg.d_model = 8, cfg.heads = 2, cfg.ffn_mult = 2, cfg.tie = Tie::blocks;
+  const int B = 2, T = 4, micro = 2;
+  const ParamSet params = make_params(cfg, 5);
+  struct Run {
+    ParamSet grads;
+    int most = 0;  // most fires of one parameter's hook in one backward
+    std::vector<CollectiveRecord> ledger;
+  };
+  auto run = [&](const std::string& how) {
+    torch::manual_seed(3);
+    SiteTap tap(DropoutImpl::explicit_mask, {0.0, 0.0, 0.0, 0.0});
+    TransformerImpl model(cfg, &tap);
+    model.load(params);
+    nested_model = &model;
+    auto ledger = std::make_shared<CollectiveLedger>();
+    GradReducer reducer(world, model.parameters(), ledger);
+    Run r;
+    for (int m = 0; m < micro; ++m) {
+      const CaseData data = make_case_data(cfg, B, T, 5, env.rank * micro + m);  // every replica its own data
+      // x requires grad: a reentrant checkpoint's output requires grad only through its tensor inputs.
+      const torch::Tensor x =
+          torch::tensor(data.x, torch::kDouble).reshape({B, T, cfg.d_model}).to(torch::kFloat).requires_grad_();
+      torch::Tensor h = x;
+      for (int l = 0; l < cfg.layers; ++l) {
+        const Unit u{l, BlockPart::whole};
+        auto block = [&model, u](const torch::Tensor& in) { return model.run_unit(u, in, {}); };
+        if (how == "checkpoint")
+          h = ckv::checkpoint(block, h);
+        else if (how == "nested")
+          h = NestedBackwardCheckpoint::apply(h, static_cast<int64_t>(l));
+        else
+          h = block(h);
+      }
+      const torch::Tensor loss = model.head_loss(h, torch::tensor(data.targets, torch::kLong).reshape({B, T}), {});
+      reducer.begin_backward();
+      loss.backward();
+      for (int f : reducer.fires()) r.most = std::max(r.most, f);
+    }
+    r.grads = model.grads();
+    r.ledger = ledger->records();
+    return r;
+  };
+  const Run plain = run("plain"), test = run(mode);
+  // The mean over the replicas of each one's summed micro-batch gradients.
+  ParamSet want = zeros_like(params);
+  for (int r = 0; r < env.world; ++r)
+    for (int m = 0; m < micro; ++m) {
+      const ReferenceResult ref = reference_forward_backward(cfg, params, make_case_data(cfg, B, T, 5, r * micro + m),
+                                                             DropoutMasks::none(cfg.layers));
+      for (size_t i = 0; i < want.items.size(); ++i)
+        for (size_t k = 0; k < want.items[i].data.size(); ++k)
+          want.items[i].data[k] += ref.grads.items[i].data[k] / env.world;
+    }
+  std::string bad;
+  for (size_t i = 0; i < want.items.size(); ++i) {
+    double scale = 0.0;
+    for (double w : want.items[i].data) scale = std::max(scale, std::abs(w));
+    for (size_t k = 0; k < want.items[i].data.size(); ++k)
+      if (!(std::abs(test.grads.items[i].data[k] - want.items[i].data[k]) <= 1e-4 * scale + 1e-6)) {
+        bad += " " + want.items[i].name;
+        break;
+      }
+  }
+  const std::vector<std::string> rule = ledger_violations(plain.ledger, test.ledger);
+  int backward = 0;
+  for (const auto& r : test.ledger) backward += r.pass == Pass::backward;
+  std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt")
+      << (bad.empty() ? std::string("held") : "differs:" + bad.substr(1)) << " fires=" << test.most << " " << backward
+      << " rule=" << rule.size() << (rule.empty() ? "" : " " + rule.front()) << "\n";
+  world->barrier();
+  return 0;
+}
+
 int all_reduce_ranks(const RankEnv& env) {
   auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
   torch::Tensor t = torch::full({3}, static_cast<float>(env.rank + 1));
@@ -332,6 +448,7 @@ int main(int argc, char** argv) {
     if (scenario == "all_reduce") return all_reduce_ranks(env);
     if (scenario == "tp_mlp") return tp_mlp(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "tp_dropout") return tp_dropout(env, argc > 2 ? argv[2] : "plain");
+    if (scenario == "dp_transformer") return dp_transformer(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "tp_transformer") return tp_transformer(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "hang") {  // rank 1 never finishes (and ignores SIGTERM); the others do
       if (env.rank == 1) {

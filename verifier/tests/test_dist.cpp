@@ -103,6 +103,8 @@ TEST_F(Dist, TheShardedTransformerMatchesTheUnshardedReference) {
 
 TEST_F(Dist, TheShardedTransformerUnderACheckpointReplaysTheTrackersStream) {
   expect_every_rank({"tp_transformer", "checkpoint"}, 2, "held 4/4/4 ; held 4/4/4 ; held 4/4/4");
+  // The selective plan: each forward all-reduce's output kept, the recompute repeats none of them.
+  expect_every_rank({"tp_transformer", "checkpoint-selective"}, 2, "held 4/0/4 ; held 4/0/4 ; held 4/0/4");
   const auto u = run({"tp_transformer", "checkpoint-unshown"}, 2);
   ASSERT_EQ(first_failure(u), nullptr) << describe(u);
   for (int r = 0; r < 2; ++r) EXPECT_NE(result(r).find("recompute-masks"), std::string::npos) << result(r);
@@ -116,6 +118,51 @@ TEST_F(Dist, AShardHoldingTheWrongSliceIsCaught) {
     EXPECT_NE(result(r).find("differs:"), std::string::npos) << result(r);
     EXPECT_NE(result(r).find("layer0.attn.wq.weight"), std::string::npos) << result(r);
   }
+}
+
+// Data parallelism (dist_rank.cpp, dp_transformer): two replicas on their own data, two micro-batches,
+// blocks tied to layer 0: with the DDP-style reducer every replica holds the mean of the replicas'
+// reference gradients, and each parameter's hook fired once per backward (the 20 parameters of the
+// tied model, reduced after each of 2 backwards: 40 backward all-reduces), plainly and under the
+// builtin checkpoint. Under a reentrant checkpoint whose recompute runs a nested backward the 16 tied
+// block parameters are accumulated, and reduced, once per block: the hook fires twice, the ledger
+// shows the extra reductions ((2 x 16 + 4) x 2 = 72). The values stay right (averaging replicated
+// values again changes nothing), which is why the fire count, not the gradient, shows the bug.
+TEST_F(Dist, TheReducerAveragesOverReplicasAndItsHookFiresOnce) {
+  expect_every_rank({"dp_transformer", "plain"}, 2, "held fires=1 40 rule=0");
+  expect_every_rank({"dp_transformer", "checkpoint"}, 2, "held fires=1 40 rule=0");
+}
+
+TEST_F(Dist, ANestedBackwardMakesTheReducerHookFireTwice) {
+  // The ledger rule names it too: 16 labels with more backward all-reduces than without checkpointing.
+  expect_every_rank({"dp_transformer", "nested"}, 2,
+                    "held fires=2 72 rule=16 dp.0: 4 backward all_reduce, 2 without checkpointing");
+}
+
+// The tracker's streams saved and set again draw the same numbers; a state of other streams, or one
+// set while a stream is forked, is refused.
+TEST(RngTrackerState, SavedStatesReplayTheStreams) {
+  RngTracker t;
+  t.add("model-parallel", 3);
+  t.add("expert", 4);
+  auto draw = [&](const char* name) {
+    const auto fork = t.fork(name);
+    return torch::rand({5});
+  };
+  draw("model-parallel");
+  const auto saved = t.states();
+  ASSERT_EQ(saved.size(), 2u);
+  EXPECT_EQ(saved[0].first, "expert");  // name order
+  const torch::Tensor a = draw("model-parallel"), b = draw("expert");
+  t.set_states(saved);
+  EXPECT_TRUE(torch::equal(draw("model-parallel"), a));
+  EXPECT_TRUE(torch::equal(draw("expert"), b));
+  RngTracker other;
+  other.add("model-parallel", 3);
+  EXPECT_THROW(other.set_states(saved), std::invalid_argument);
+  const auto fork = t.fork("expert");
+  EXPECT_THROW(t.set_states(saved), std::logic_error);
+  EXPECT_THROW(t.states(), std::logic_error);
 }
 
 TEST_F(Dist, AFailingRankIsNamedWithItsMessage) {
