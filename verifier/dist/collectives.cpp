@@ -136,6 +136,9 @@ torch::Tensor leave_parallel(const torch::Tensor& y, const std::shared_ptr<Paral
     // The forward's sum, no collective; its gradient still flows to this rank's partial product.
     if (kept != segment->stash.end()) return attach(kept->second.toTensor().clone(), y, identity());
   }
+  if (segment && !is_recomputing() && segment->stash.count(key))
+    throw std::logic_error("leave_parallel: region " + where +
+                           " left twice in one checkpointed call; keep_in_checkpoint needs a label per use");
   torch::Tensor out = all_reduce(y, *region, forward_pass(), where);
   if (segment && !is_recomputing()) segment->stash[key] = out.detach();  // no history: no cycle through it
   return attach(out, y, identity());

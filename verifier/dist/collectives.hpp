@@ -69,7 +69,8 @@ torch::Tensor enter_parallel(const torch::Tensor& x, const std::shared_ptr<Paral
 // keep_in_checkpoint: inside a checkpointed call that keeps the recompute contract (segment_scope.hpp),
 // the forward keeps the all-reduce's output in the call's SegmentState and the recompute reuses it
 // instead of communicating again: a checkpoint then recomputes only the rank's local ops (the selective
-// plan that saves the communicated result), for the memory of the kept outputs.
+// plan that saves the communicated result), for the memory of the kept outputs. The kept output is found
+// by `where`: a call that leaves a region of the same label twice is refused (std::logic_error).
 torch::Tensor leave_parallel(const torch::Tensor& y, const std::shared_ptr<ParallelRegion>& region,
                              const std::string& where, bool keep_in_checkpoint = false);
 

@@ -29,18 +29,28 @@ struct ReduceHook : torch::autograd::FunctionPostHook {
                                             const torch::autograd::variable_list& /*inputs*/) override {
     const std::shared_ptr<GradReducer::State> s = state.lock();
     if (!s) return outputs;
-    torch::Tensor grad;
+    torch::Tensor param;
     {
       const std::lock_guard<std::mutex> lock(s->mu);
       if (!s->armed) return outputs;
       ++s->fires.at(index);
-      grad = s->params.at(index).grad();
+      param = s->params.at(index);
     }
-    if (!grad.defined()) return outputs;
+    // The average is not differentiated again: refused rather than silently first-order.
+    if (torch::GradMode::is_enabled())
+      throw std::runtime_error("GradReducer: a backward with create_graph through a data-parallel reducer (parameter " +
+                               std::to_string(index) + ") is not supported");
     torch::NoGradGuard no_grad;
-    torch::Tensor sum = grad.detach().contiguous().clone();
+    // Every replica joins the collective, also one whose gradient is undefined (it contributes zeros and
+    // then holds the average, as DDP does for a parameter unused on one replica).
+    const torch::Tensor grad = param.grad();
+    torch::Tensor sum = grad.defined() ? grad.detach().contiguous().clone() : torch::zeros_like(param);
     s->replicas->all_reduce_sum_(sum);
-    grad.copy_(sum.div_(static_cast<double>(s->replicas->size())));
+    sum.div_(static_cast<double>(s->replicas->size()));
+    if (grad.defined())
+      grad.copy_(sum);
+    else
+      param.mutable_grad() = sum;
     if (s->ledger)
       s->ledger->add({Collective::all_reduce, Pass::backward, static_cast<int64_t>(sum.numel() * sum.element_size()),
                       "dp." + std::to_string(index)});
@@ -66,7 +76,7 @@ GradReducer::GradReducer(std::shared_ptr<Group> replicas, std::vector<torch::Ten
     hook->state = state_;
     hook->index = i;
     acc->add_post_hook(std::move(hook));
-    accumulators_.push_back(std::move(acc));
+    accumulators_.emplace_back(i, std::move(acc));
   }
 }
 
@@ -76,6 +86,13 @@ GradReducer::~GradReducer() {
 }
 
 void GradReducer::begin_backward() {
+  // set_data to another dtype or device (what Module::to does) gives a parameter a new accumulator,
+  // without the hook: its gradient would silently go unreduced.
+  for (const auto& [i, acc] : accumulators_)
+    if (torch::autograd::impl::try_get_grad_accumulator(state_->params[i]) != acc)
+      throw std::logic_error("GradReducer: parameter " + std::to_string(i) +
+                             " has a new gradient accumulator (its dtype or device changed?): build the reducer "
+                             "again after moving the model");
   const std::lock_guard<std::mutex> lock(state_->mu);
   std::fill(state_->fires.begin(), state_->fires.end(), 0);
 }

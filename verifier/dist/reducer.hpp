@@ -11,12 +11,14 @@
 // is accumulated and reduced twice: DDP raises "Expected to mark a variable ready only once"; a reducer
 // that does not check averages a partial gradient and adds the rest unreduced. fires() counts, per
 // backward, how often each parameter's hook fired; the reductions go to the ledger as backward
-// collectives ("dp.<parameter index>").
+// collectives ("dp.<parameter index>"). A replica whose accumulator ran without a gradient joins the
+// reduction with zeros. A backward with create_graph through the reducer is refused.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "verifier/dist/collectives.hpp"
@@ -33,7 +35,8 @@ class GradReducer {
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  // Starts counting a backward's fires from zero.
+  // Starts counting a backward's fires from zero. Throws std::logic_error when a parameter no longer has
+  // the accumulator the hook is on (set_data to another dtype or device replaces it).
   void begin_backward();
   // Per parameter (the constructor's order), how often its hook fired since begin_backward(): 0 for a
   // parameter that got no gradient (or does not require grad), 1 as it should be.
@@ -43,7 +46,8 @@ class GradReducer {
 
  private:
   std::shared_ptr<State> state_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: the hooks live on them
+  // (parameter index, its accumulator), kept alive: the hooks live on them.
+  std::vector<std::pair<size_t, std::shared_ptr<torch::autograd::Node>>> accumulators_;
 };
 
 }  // namespace ckv::dist

@@ -64,14 +64,29 @@ std::vector<std::pair<std::string, torch::Tensor>> RngTracker::states() const {
 }
 
 void RngTracker::set_states(const std::vector<std::pair<std::string, torch::Tensor>>& saved) {
-  std::string ours, theirs;
-  for (const auto& [name, s] : streams_) ours += (ours.empty() ? "" : ",") + name;
-  for (const auto& [name, state] : saved) theirs += (theirs.empty() ? "" : ",") + name;
-  if (ours != theirs)
-    throw std::invalid_argument("RngTracker: the saved states are of streams [" + theirs + "], this tracker has [" +
-                                ours + "]");
+  std::vector<std::string> ours, theirs;
+  for (const auto& [name, s] : streams_) ours.push_back(name);
+  for (const auto& [name, state] : saved) theirs.push_back(name);
+  if (ours != theirs) {
+    auto list = [](const std::vector<std::string>& names) {
+      std::string out;
+      for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+      return "[" + out + "]";
+    };
+    throw std::invalid_argument("RngTracker: the saved states are of streams " + list(theirs) + ", this tracker has " +
+                                list(ours));
+  }
   for (const auto& [name, s] : streams_)
     if (*s.forked) throw std::logic_error("RngTracker: stream " + name + " is forked");
+  // Every state is tried on a scratch generator first: a bad one changes nothing.
+  for (const auto& [name, state] : saved) {
+    try {
+      set_state(at::detail::createCPUGenerator(0), state);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("RngTracker: the saved state of stream " + name + " is not a CPU generator state (" +
+                                  std::string(e.what()).substr(0, 200) + ")");
+    }
+  }
   for (const auto& [name, state] : saved) set_state(streams_.at(name).generator, state);
 }
 

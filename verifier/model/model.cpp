@@ -57,9 +57,10 @@ torch::Tensor enter_region(const TensorShard& s, const torch::Tensor& x, int lay
 torch::Tensor row_parallel(const TensorShard& s, torch::nn::Linear& lin, const torch::Tensor& x, int layer,
                            const char* part) {
   if (!s.sharded()) return lin->forward(x);
-  return dist::leave_parallel(torch::linear(x, lin->weight), s.region,
-                              "layer" + std::to_string(layer) + "." + part + ".out", s.keep_reduced) +
-         lin->bias;
+  const torch::Tensor sum = dist::leave_parallel(torch::linear(x, lin->weight), s.region,
+                                                 "layer" + std::to_string(layer) + "." + part + ".out", s.keep_reduced);
+  // In the product's dtype, as Linear adds it under autocast (an fp32 bias would promote the sum).
+  return sum + lin->bias.to(sum.scalar_type());
 }
 // A dropout site inside a tensor-parallel region: drawn from the model-parallel stream when sharded.
 torch::Tensor region_dropout(const TensorShard& s, SiteTap& tap, const torch::Tensor& x, int layer, DropoutSite site) {
@@ -76,6 +77,9 @@ void check_shard(const ModelConfig& c, const TensorShard& s) {
                                 std::to_string(s.size));
   if (!s.region || !s.region->group || !s.tracker)
     throw std::logic_error("model: a sharded model needs its region's group and the RNG tracker");
+  if (s.region->group->rank() != s.rank)
+    throw std::logic_error("model: the shard says tensor-parallel rank " + std::to_string(s.rank) +
+                           ", its group says " + std::to_string(s.region->group->rank()));
   if (s.region->group->size() != s.size)
     throw std::logic_error("model: the tensor-parallel group has " + std::to_string(s.region->group->size()) +
                            " ranks, the shard says " + std::to_string(s.size));

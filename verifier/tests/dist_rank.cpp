@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "reference/transformer.hpp"
@@ -419,6 +420,58 @@ int dp_transformer(const RankEnv& env, const std::string& mode) {
   return 0;
 }
 
+// A function whose backward gives its input no gradient (an undefined one), as a custom function may.
+struct NoGradient : torch::autograd::Function<NoGradient> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x * 1.0; }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    return {torch::Tensor()};
+  }
+};
+
+// The reducer's edges, one parameter p = ones(3) on every rank:
+//   undefined: rank 0's backward gives p the gradient 2 per element, rank 1's an undefined one (its
+//     accumulator runs without a gradient): both must reduce, and hold 1 (writes "fires=<n> grad=<p.grad>");
+//   set_data: p moved to double after the reducer was built (a new accumulator): begin_backward refuses;
+//   create_graph: a backward with create_graph through the hook is refused;
+//   keep_twice: a checkpointed call leaving one region label twice with keep_in_checkpoint is refused.
+int dp_edge(const RankEnv& env, const std::string& mode) {
+  auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(30)});
+  if (mode == "keep_twice") {
+    auto region = std::make_shared<ParallelRegion>();
+    region->group = world;
+    const torch::Tensor x = torch::ones({2, 2}).requires_grad_();
+    auto fn = [region](const torch::Tensor& in) {
+      const torch::Tensor a = leave_parallel(torch::tanh(in), region, "r", true);
+      return leave_parallel(torch::tanh(a), region, "r", true);
+    };
+    ckv::checkpoint(fn, x).sum().backward();
+    return 0;
+  }
+  torch::Tensor p = torch::ones({3}).requires_grad_();
+  GradReducer reducer(world, {p});
+  if (mode == "set_data") {
+    torch::NoGradGuard no_grad;
+    p.set_data(p.to(torch::kDouble));
+  }
+  reducer.begin_backward();
+  if (mode == "create_graph") {
+    const torch::Tensor g = torch::autograd::grad({(p * p).sum()}, {p}, {}, /*retain_graph=*/true,
+                                                  /*create_graph=*/true)[0];
+    g.sum().backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+  } else if (env.rank == 0) {
+    (p * 2).sum().backward();
+  } else {
+    NoGradient::apply(p).sum().backward();
+  }
+  std::ostringstream out;
+  out << "fires=" << reducer.fires().at(0) << " grad=";
+  const torch::Tensor g = p.grad();
+  for (int64_t i = 0; g.defined() && i < g.numel(); ++i) out << (i ? "," : "") << g[i].item<double>();
+  std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt") << out.str() << "\n";
+  world->barrier();
+  return 0;
+}
+
 int all_reduce_ranks(const RankEnv& env) {
   auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
   torch::Tensor t = torch::full({3}, static_cast<float>(env.rank + 1));
@@ -448,6 +501,7 @@ int main(int argc, char** argv) {
     if (scenario == "all_reduce") return all_reduce_ranks(env);
     if (scenario == "tp_mlp") return tp_mlp(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "tp_dropout") return tp_dropout(env, argc > 2 ? argv[2] : "plain");
+    if (scenario == "dp_edge") return dp_edge(env, argc > 2 ? argv[2] : "undefined");
     if (scenario == "dp_transformer") return dp_transformer(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "tp_transformer") return tp_transformer(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "hang") {  // rank 1 never finishes (and ignores SIGTERM); the others do

@@ -139,6 +139,25 @@ TEST_F(Dist, ANestedBackwardMakesTheReducerHookFireTwice) {
                     "held fires=2 72 rule=16 dp.0: 4 backward all_reduce, 2 without checkpointing");
 }
 
+// A replica whose backward leaves a parameter's gradient undefined still joins its reduction (with zeros)
+// and ends with the average, as the other does; without that the other waits in the collective until
+// the group's timeout. A parameter moved to another dtype after the reducer hooked it, a backward with
+// create_graph through the hooks, and a checkpointed call that leaves one kept region twice are refused
+// on every rank, by name.
+TEST_F(Dist, TheReducersEdgesAreHandledOrRefused) {
+  expect_every_rank({"dp_edge", "undefined"}, 2, "fires=1 grad=1,1,1");
+  for (const auto& [mode, message] : std::vector<std::pair<std::string, std::string>>{
+           {"set_data", "has a new gradient accumulator"},
+           {"create_graph", "create_graph through a data-parallel reducer"},
+           {"keep_twice", "left twice in one checkpointed call"}}) {
+    const auto o = run({"dp_edge", mode}, 2);
+    for (const auto& r : o) {
+      EXPECT_EQ(r.status, RankOutcome::Status::failed) << mode << ": " << r.describe();
+      EXPECT_NE(r.describe().find(message), std::string::npos) << mode << ": " << r.describe();
+    }
+  }
+}
+
 // The tracker's streams saved and set again draw the same numbers; a state of other streams, or one
 // set while a stream is forked, is refused.
 TEST(RngTrackerState, SavedStatesReplayTheStreams) {
@@ -160,6 +179,18 @@ TEST(RngTrackerState, SavedStatesReplayTheStreams) {
   RngTracker other;
   other.add("model-parallel", 3);
   EXPECT_THROW(other.set_states(saved), std::invalid_argument);
+  RngTracker joined;  // one stream whose name is the others' joined: not the same streams
+  joined.add("expert,model-parallel", 3);
+  EXPECT_THROW(joined.set_states(saved), std::invalid_argument);
+  // A bad state for one stream changes none of them.
+  auto bad = saved;
+  bad[1].second = torch::zeros({7}, torch::kUInt8);
+  const torch::Tensor before = t.states()[0].second;
+  draw("expert");
+  const torch::Tensor advanced = t.states()[0].second;
+  EXPECT_THROW(t.set_states(bad), std::invalid_argument);
+  EXPECT_TRUE(torch::equal(t.states()[0].second, advanced));
+  EXPECT_FALSE(torch::equal(advanced, before));
   const auto fork = t.fork("expert");
   EXPECT_THROW(t.set_states(saved), std::logic_error);
   EXPECT_THROW(t.states(), std::logic_error);
