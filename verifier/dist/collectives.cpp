@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <chrono>
 #include <map>
 #include <utility>
 
@@ -75,9 +76,12 @@ using torch::autograd::variable_list;
 // Sums t over the region's ranks (a new tensor; t is left alone) and records it.
 torch::Tensor all_reduce(const torch::Tensor& t, ParallelRegion& region, Pass pass, const std::string& where) {
   torch::Tensor out = t.detach().contiguous().clone();
+  const auto start = std::chrono::steady_clock::now();
   region.group->all_reduce_sum_(out);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   if (region.ledger)
-    region.ledger->add({Collective::all_reduce, pass, static_cast<int64_t>(out.numel() * out.element_size()), where});
+    region.ledger->add(
+        {Collective::all_reduce, pass, static_cast<int64_t>(out.numel() * out.element_size()), where, took.count()});
   return out;
 }
 Pass forward_pass() {

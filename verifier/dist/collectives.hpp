@@ -34,7 +34,8 @@ struct CollectiveRecord {
   Collective kind = Collective::all_reduce;
   Pass pass = Pass::forward;
   int64_t bytes = 0;
-  std::string where;  // the caller's label (the region: "layer1.attn.out")
+  std::string where;     // the caller's label (the region: "layer1.attn.out")
+  double seconds = 0.0;  // wall time inside the collective on this rank
 };
 
 class CollectiveLedger {
