@@ -1,9 +1,11 @@
 // verifier/model/shard.cpp: see shard.hpp.
 #include "verifier/model/shard.hpp"
 
+#include <cmath>
 #include <stdexcept>
 
 #include "verifier/dist/group.hpp"
+#include "verifier/model/model.hpp"
 
 namespace ckv {
 
@@ -104,6 +106,76 @@ std::vector<SiteCall> gather_site_calls(const dist::Group& tp, const std::vector
 std::vector<ReluCall> gather_relu_calls(const dist::Group& tp, const std::vector<ReluCall>& calls) {
   std::vector<ReluCall> out = calls;
   for (ReluCall& c : out) c.positive = gather_along(tp, c.positive, 2);  // (B,T,Dff): the hidden units
+  return out;
+}
+
+std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::vector<SiteCall>& calls,
+                                              const std::array<double, kNumDropoutSites>& p,
+                                              const TransformerImpl& model) {
+  std::vector<std::string> out;
+  auto where = [](const SiteCall& c) {
+    return "step " + std::to_string(c.step) + " micro " + std::to_string(c.micro) + " layer " +
+           std::to_string(c.layer) + " " + std::string(to_string(c.site));
+  };
+  for (const SiteCall& c : calls) {
+    if (c.call != 0 || !c.mask.defined()) continue;
+    const auto masks = tp.all_gather(c.mask.to(torch::kUInt8).contiguous());
+    if (site_shard_dim(c.site) < 0) {
+      for (size_t r = 1; r < masks.size(); ++r)
+        if (!torch::equal(masks[r], masks[0])) {
+          out.push_back(where(c) + ": replicated masks differ between ranks 0 and " + std::to_string(r));
+          break;
+        }
+      continue;
+    }
+    std::vector<torch::Tensor> known;
+    if (c.known.defined()) known = tp.all_gather(c.known.to(torch::kUInt8).contiguous());
+    // Two independent masks agree at a position with probability q = p^2 + (1-p)^2.
+    const double rate = p[static_cast<size_t>(c.site)];
+    const double log_q = std::log(rate * rate + (1.0 - rate) * (1.0 - rate));
+    for (size_t i = 0; i < masks.size(); ++i)
+      for (size_t j = i + 1; j < masks.size(); ++j) {
+        const torch::Tensor both = known.empty() ? torch::ones_like(masks[i], torch::kBool)
+                                                 : (known[i].to(torch::kBool) & known[j].to(torch::kBool));
+        const double n = static_cast<double>(both.sum().item<int64_t>());
+        if (!(n * log_q < std::log(1e-9))) continue;  // too few positions to tell
+        if (((masks[i] == masks[j]) | both.logical_not()).all().item<bool>())
+          out.push_back(where(c) + ": model-parallel masks of ranks " + std::to_string(i) + " and " +
+                        std::to_string(j) + " are equal");
+      }
+  }
+  // Replicated parameters and gradients: which ranks hold a gradient first (a collective over tensors
+  // only some ranks have would not match), then the values.
+  std::vector<std::pair<std::string, torch::Tensor>> replicated;
+  for (const auto& kv : model.named_parameters())
+    if (shard_dim(kv.key()) < 0) replicated.emplace_back(kv.key(), kv.value());
+  std::vector<uint8_t> has(replicated.size());
+  for (size_t i = 0; i < replicated.size(); ++i) has[i] = replicated[i].second.grad().defined();
+  const auto defined = tp.all_gather(torch::tensor(std::vector<int64_t>(has.begin(), has.end()), torch::kLong));
+  for (size_t i = 0; i < replicated.size(); ++i) {
+    bool all = true, any = false;
+    for (const auto& d : defined) {
+      const bool h = d[static_cast<int64_t>(i)].item<int64_t>() != 0;
+      all = all && h, any = any || h;
+    }
+    const std::string& name = replicated[i].first;
+    const auto values = tp.all_gather(replicated[i].second.detach().contiguous());
+    for (size_t r = 1; r < values.size(); ++r)
+      if (!torch::equal(values[r], values[0])) {
+        out.push_back(name + ": replicated values differ between ranks 0 and " + std::to_string(r));
+        break;
+      }
+    if (!all) {
+      if (any) out.push_back(name + ": a gradient on some ranks only");
+      continue;
+    }
+    const auto grads = tp.all_gather(replicated[i].second.grad().contiguous());
+    for (size_t r = 1; r < grads.size(); ++r)
+      if (!torch::equal(grads[r], grads[0])) {
+        out.push_back(name + ": replicated gradients differ between ranks 0 and " + std::to_string(r));
+        break;
+      }
+  }
   return out;
 }
 

@@ -15,6 +15,7 @@
 // dimension over the ranks, they are what the unsharded model drew (the reference is fed them).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,5 +59,17 @@ ParamSet shard_params(const ParamSet& full, int rank, int size);
 // same sequence of calls (the same program); replicated sites come back as this rank's.
 std::vector<SiteCall> gather_site_calls(const dist::Group& tp, const std::vector<SiteCall>& calls);
 std::vector<ReluCall> gather_relu_calls(const dist::Group& tp, const std::vector<ReluCall>& calls);
+
+// Parallel consistency of one tensor-parallel group after a run, from each rank's own records (every
+// rank of `tp` calls it; the lines come back the same on every rank, empty when it holds):
+//   - the first-forward masks of a site inside a region differ between every two ranks (each rank's
+//     stream is its own; judged only where two independent masks would agree with probability under
+//     1e-9, over the positions both ranks know);
+//   - the masks of a site outside the regions are equal on every rank (one default stream);
+//   - the replicated parameters and their gradients are bit-identical on every rank.
+class TransformerImpl;
+std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::vector<SiteCall>& calls,
+                                              const std::array<double, kNumDropoutSites>& p,
+                                              const TransformerImpl& model);
 
 }  // namespace ckv

@@ -171,7 +171,9 @@ int tp_dropout(const RankEnv& env, const std::string& mode) {
 // checkpoint-selective (the same, the model keeping each forward all-reduce's output for the recompute);
 // checkpoint-unshown (the builtin shown only the default generator: the recompute draws other
 // model-parallel masks, so the result line says where it differs instead of "held"); wrong-slice (every
-// rank loads the next rank's slice: the reference comparison must catch it).
+// rank loads the next rank's slice: the reference comparison must catch it); same-seed and
+// rank-seeded-default (the tracker's stream seeded equally on every rank, the default generator per
+// rank: parallel consistency must say so).
 // Writes per model "held" or "differs:<what>", and the ledger's counts per pass.
 int tp_transformer(const RankEnv& env, const std::string& mode) {
   auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(30)});
@@ -198,9 +200,12 @@ int tp_transformer(const RankEnv& env, const std::string& mode) {
     const ParamSet params = make_params(cfg, 5);
     const CaseData data = make_case_data(cfg, B, T, 5);
 
-    torch::manual_seed(11);  // the default generator: equal on every rank
+    // The default generator: equal on every rank (rank-seeded-default: the bug of replicated dropout
+    // drawn from a per-rank stream); the model-parallel stream: per rank (same-seed: the bug of a tracker
+    // seeded equally on every tensor-parallel rank).
+    torch::manual_seed(mode == "rank-seeded-default" ? 11 + static_cast<uint64_t>(env.rank) : 11);
     RngTracker tracker;
-    tracker.add(kModelParallelStream, 1000 + static_cast<uint64_t>(env.rank));
+    tracker.add(kModelParallelStream, mode == "same-seed" ? 1000 : 1000 + static_cast<uint64_t>(env.rank));
     TensorShard shard;
     shard.rank = env.rank, shard.size = env.world, shard.tracker = &tracker;
     shard.keep_reduced = mode == "checkpoint-selective";
@@ -270,32 +275,20 @@ int tp_transformer(const RankEnv& env, const std::string& mode) {
     for (size_t i = 0; i < want.items.size(); ++i)
       if (mine.items.at(i).name != want.items[i].name || !near(mine.items[i].data, want.items[i].data))
         bad += " " + want.items[i].name;
-    // Masks across ranks: model-parallel ones differ, replicated ones are equal; every recompute's
-    // mask is its forward's.
-    int mp_equal = 0, rep_differ = 0, replay_differ = 0;
-    for (const SiteCall& c : tap.calls()) {
-      if (!c.mask.defined()) continue;
-      if (c.call == 0) {
-        const auto all = world->all_gather(c.mask.to(torch::kUInt8));
-        const bool equal = torch::equal(all.at(0), all.at(1));
-        (site_shard_dim(c.site) >= 0 ? mp_equal : rep_differ) += site_shard_dim(c.site) >= 0 ? equal : !equal;
-        continue;
-      }
-      for (const SiteCall& f : tap.calls())
-        if (f.call == 0 && f.layer == c.layer && f.site == c.site && !torch::equal(f.mask, c.mask)) ++replay_differ;
-    }
-    if (mp_equal) bad += " model-parallel-masks-equal";
-    if (rep_differ) bad += " replicated-masks-differ";
+    // Every recompute's mask is its forward's.
+    int replay_differ = 0;
+    for (const SiteCall& c : tap.calls())
+      if (c.mask.defined() && c.call > 0)
+        for (const SiteCall& f : tap.calls())
+          if (f.call == 0 && f.layer == c.layer && f.site == c.site && !torch::equal(f.mask, c.mask)) ++replay_differ;
     if (replay_differ) bad += " recompute-masks";
-    // Replicated parameters' gradients: bit-identical across the ranks.
-    for (const auto& kv : model.named_parameters()) {
-      if (shard_dim(kv.key()) >= 0 || !kv.value().grad().defined()) continue;
-      const auto all = world->all_gather(kv.value().grad().contiguous());
-      for (const auto& g : all)
-        if (!torch::equal(g, all.at(0))) {
-          bad += " replicated:" + kv.key();
-          break;
-        }
+    // Parallel consistency: model-parallel masks differ across the ranks, replicated ones and the
+    // replicated parameters and gradients do not (shard.hpp).
+    const std::vector<std::string> consistency = parallel_consistency(*world, tap.calls(), p, model);
+    if (!consistency.empty()) {
+      const bool mp = consistency.front().find("model-parallel masks") != std::string::npos;
+      const bool rep = consistency.front().find("replicated masks") != std::string::npos;
+      bad += mp ? " model-parallel-masks-equal" : rep ? " replicated-masks-differ" : " replicated-values";
     }
     const auto& ledger = *shard.region->ledger;
     line += (line.empty() ? "" : " ; ") + (bad.empty() ? std::string("held") : "differs:" + bad.substr(1)) + " " +

@@ -110,6 +110,23 @@ TEST_F(Dist, TheShardedTransformerUnderACheckpointReplaysTheTrackersStream) {
   for (int r = 0; r < 2; ++r) EXPECT_NE(result(r).find("recompute-masks"), std::string::npos) << result(r);
 }
 
+// Parallel consistency (shard.hpp) names the two seeding bugs of model-parallel RNG: a tracker seeded
+// equally on every tensor-parallel rank draws equal model-parallel masks; a default generator seeded per
+// rank (replicated dropout from a per-rank stream) draws replicated masks that differ (the reference
+// comparison fails there too). In the first case the reference comparison, fed the gathered masks,
+// holds: only the consistency check sees it.
+TEST_F(Dist, ParallelConsistencyNamesTheSeedingBugs) {
+  const auto same = run({"tp_transformer", "same-seed"}, 2);
+  ASSERT_EQ(first_failure(same), nullptr) << describe(same);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(result(r),
+              "differs:model-parallel-masks-equal 4/0/4 ; differs:model-parallel-masks-equal 4/0/4 ; "
+              "differs:model-parallel-masks-equal 4/0/4");
+  const auto own = run({"tp_transformer", "rank-seeded-default"}, 2);
+  ASSERT_EQ(first_failure(own), nullptr) << describe(own);
+  for (int r = 0; r < 2; ++r) EXPECT_NE(result(r).find("replicated-masks-differ"), std::string::npos) << result(r);
+}
+
 // A rank holding another rank's slice is caught by the reference comparison, by name.
 TEST_F(Dist, AShardHoldingTheWrongSliceIsCaught) {
   const auto o = run({"tp_transformer", "wrong-slice"}, 2);
