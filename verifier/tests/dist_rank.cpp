@@ -413,6 +413,102 @@ int dp_transformer(const RankEnv& env, const std::string& mode) {
   return 0;
 }
 
+// A reentrant checkpoint that differentiates its recompute in two passes, one for the input's gradient
+// and one for the parameters' (as designs do that treat them separately): each pass runs the backward
+// of every tensor-parallel region on its path, so the backward all-reduces are issued twice. The
+// gradients are right; only the ledger shows it.
+TransformerImpl* two_pass_model = nullptr;
+struct TwoPassCheckpoint : torch::autograd::Function<TwoPassCheckpoint> {
+  static torch::Tensor block(const torch::Tensor& x, int64_t layer) {
+    return two_pass_model->run_unit(Unit{static_cast<int>(layer), BlockPart::whole}, x, {});
+  }
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t layer) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["layer"] = layer;
+    torch::NoGradGuard no_grad;
+    return block(x, layer);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    const torch::Tensor x = ctx->get_saved_variables().at(0).detach().requires_grad_();
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad(true);
+      out = block(x, layer);
+    }
+    const torch::Tensor dx = torch::autograd::grad({out}, {x}, {grads.at(0)}, /*retain_graph=*/true)[0];
+    const std::vector<torch::Tensor> params =
+        two_pass_model->unit_params(Unit{static_cast<int>(layer), BlockPart::whole});
+    const auto dp = torch::autograd::grad({out}, params, {grads.at(0)}, /*retain_graph=*/false, false, true);
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!dp[i].defined()) continue;
+      torch::Tensor& g = const_cast<torch::Tensor&>(params[i]).mutable_grad();
+      g = g.defined() ? g + dp[i] : dp[i].clone();
+    }
+    return {dx, torch::Tensor()};
+  }
+};
+
+// The ledger rule on the sharded Transformer (2 layers, no dropout): a plain run, then the same under
+// `mode` on the same ranks; writes "rule=<labels violating it>" with the first, and whether the
+// gradients match the plain run's ("match" / "differ"). Modes: checkpoint (the builtin, which repeats
+// forward all-reduces only), kept (the same with the all-reduce outputs kept), two-pass
+// (TwoPassCheckpoint, which issues every backward all-reduce twice).
+int tp_ledger(const RankEnv& env, const std::string& mode) {
+  auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(30)});
+  ModelConfig cfg;
+  cfg.layers = 2, cfg.d_model = 8, cfg.heads = 2 * env.world, cfg.ffn_mult = 2;
+  const int B = 2, T = 4;
+  const ParamSet params = make_params(cfg, 5);
+  const CaseData data = make_case_data(cfg, B, T, 5);
+  struct Run {
+    std::vector<CollectiveRecord> ledger;
+    ParamSet grads;
+  };
+  auto run = [&](const std::string& how) {
+    torch::manual_seed(11);
+    RngTracker tracker;
+    tracker.add(kModelParallelStream, 1000 + static_cast<uint64_t>(env.rank));
+    TensorShard shard;
+    shard.rank = env.rank, shard.size = env.world, shard.tracker = &tracker, shard.keep_reduced = how == "kept";
+    shard.region = std::make_shared<ParallelRegion>();
+    shard.region->group = world;
+    shard.region->ledger = std::make_shared<CollectiveLedger>();
+    SiteTap tap(DropoutImpl::explicit_mask, {0.0, 0.0, 0.0, 0.0});
+    TransformerImpl model(cfg, &tap, nullptr, shard);
+    model.load(params);
+    two_pass_model = &model;
+    const torch::Tensor x =
+        torch::tensor(data.x, torch::kDouble).reshape({B, T, cfg.d_model}).to(torch::kFloat).requires_grad_();
+    torch::Tensor h = x;
+    for (int l = 0; l < cfg.layers; ++l) {
+      const Unit u{l, BlockPart::whole};
+      auto block = [&model, u](const torch::Tensor& in) { return model.run_unit(u, in, {}); };
+      if (how == "checkpoint" || how == "kept")
+        h = ckv::checkpoint(block, h);
+      else if (how == "two-pass")
+        h = TwoPassCheckpoint::apply(h, static_cast<int64_t>(l));
+      else
+        h = block(h);
+    }
+    model.head_loss(h, torch::tensor(data.targets, torch::kLong).reshape({B, T}), {}).backward();
+    return Run{shard.region->ledger->records(), model.grads()};
+  };
+  const Run plain = run("plain"), test = run(mode);
+  bool match = true;
+  for (size_t i = 0; i < plain.grads.items.size(); ++i)
+    for (size_t k = 0; k < plain.grads.items[i].data.size(); ++k)
+      match = match && std::abs(plain.grads.items[i].data[k] - test.grads.items[i].data[k]) <= 1e-5;
+  const std::vector<std::string> rule = ledger_violations(plain.ledger, test.ledger);
+  std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt")
+      << "rule=" << rule.size() << (rule.empty() ? "" : " " + rule.front()) << " " << (match ? "match" : "differ")
+      << "\n";
+  world->barrier();
+  return 0;
+}
+
 // A function whose backward gives its input no gradient (an undefined one), as a custom function may.
 struct NoGradient : torch::autograd::Function<NoGradient> {
   static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x * 1.0; }
@@ -494,6 +590,7 @@ int main(int argc, char** argv) {
     if (scenario == "all_reduce") return all_reduce_ranks(env);
     if (scenario == "tp_mlp") return tp_mlp(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "tp_dropout") return tp_dropout(env, argc > 2 ? argv[2] : "plain");
+    if (scenario == "tp_ledger") return tp_ledger(env, argc > 2 ? argv[2] : "checkpoint");
     if (scenario == "dp_edge") return dp_edge(env, argc > 2 ? argv[2] : "undefined");
     if (scenario == "dp_transformer") return dp_transformer(env, argc > 2 ? argv[2] : "plain");
     if (scenario == "tp_transformer") return tp_transformer(env, argc > 2 ? argv[2] : "plain");

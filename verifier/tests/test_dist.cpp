@@ -127,6 +127,17 @@ TEST_F(Dist, ParallelConsistencyNamesTheSeedingBugs) {
   for (int r = 0; r < 2; ++r) EXPECT_NE(result(r).find("replicated-masks-differ"), std::string::npos) << result(r);
 }
 
+// The ledger rule on the sharded Transformer: the builtin's recompute repeats forward all-reduces only,
+// and with the outputs kept none; a reentrant design that differentiates its recompute in two passes
+// issues each region's backward all-reduce twice: the rule names the 4 regions' entries although the
+// gradients are right.
+TEST_F(Dist, TheLedgerRuleCatchesARecomputeRepeatingABackwardCollective) {
+  expect_every_rank({"tp_ledger", "checkpoint"}, 2, "rule=0 match");
+  expect_every_rank({"tp_ledger", "kept"}, 2, "rule=0 match");
+  expect_every_rank({"tp_ledger", "two-pass"}, 2,
+                    "rule=4 layer0.attn.in: 2 backward all_reduce, 1 without checkpointing match");
+}
+
 // A rank holding another rank's slice is caught by the reference comparison, by name.
 TEST_F(Dist, AShardHoldingTheWrongSliceIsCaught) {
   const auto o = run({"tp_transformer", "wrong-slice"}, 2);
