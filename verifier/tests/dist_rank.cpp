@@ -300,14 +300,13 @@ int tp_transformer(const RankEnv& env, const std::string& mode) {
   return 0;
 }
 
-// A reentrant checkpoint of the oldest kind: forward under no_grad; backward recomputes from a detached
-// copy of the input and runs a nested backward through the recomputed graph, which accumulates straight
-// into the parameters' .grad (torch.utils.checkpoint(use_reentrant=True) does this). Each nested backward
-// runs the parameters' AccumulateGrad, so a parameter read by two such segments is accumulated twice.
-TransformerImpl* nested_model = nullptr;  // the model NestedBackwardCheckpoint's blocks belong to
-struct NestedBackwardCheckpoint : torch::autograd::Function<NestedBackwardCheckpoint> {
+// The two reentrant designs below share their forward and their recompute: a block of this model,
+// run under no_grad in the forward with only its input saved, and again with grad from a detached copy
+// of the input in backward.
+TransformerImpl* reentrant_model = nullptr;
+struct ReentrantBlock {
   static torch::Tensor block(const torch::Tensor& x, int64_t layer) {
-    return nested_model->run_unit(Unit{static_cast<int>(layer), BlockPart::whole}, x, {});
+    return reentrant_model->run_unit(Unit{static_cast<int>(layer), BlockPart::whole}, x, {});
   }
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t layer) {
     ctx->save_for_backward({x});
@@ -315,18 +314,78 @@ struct NestedBackwardCheckpoint : torch::autograd::Function<NestedBackwardCheckp
     torch::NoGradGuard no_grad;
     return block(x, layer);
   }
+  // The detached input (requires grad) and the block's output recomputed from it.
+  static std::pair<torch::Tensor, torch::Tensor> recompute(torch::autograd::AutogradContext* ctx) {
+    const torch::Tensor x = ctx->get_saved_variables().at(0).detach().requires_grad_();
+    torch::AutoGradMode grad(true);
+    return {x, block(x, ctx->saved_data["layer"].toInt())};
+  }
+};
+
+// A reentrant checkpoint of the oldest kind: its backward runs a nested backward through the recomputed
+// graph, which accumulates straight into the parameters' .grad (torch.utils.checkpoint(use_reentrant=
+// True) does this). Each nested backward runs the parameters' AccumulateGrad, so a parameter read by two
+// such segments is accumulated twice.
+struct NestedBackwardCheckpoint : torch::autograd::Function<NestedBackwardCheckpoint>, ReentrantBlock {
+  using ReentrantBlock::forward;
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const torch::Tensor x = ctx->get_saved_variables().at(0).detach().requires_grad_();
-    torch::Tensor out;
-    {
-      torch::AutoGradMode grad(true);
-      out = block(x, ctx->saved_data["layer"].toInt());
-    }
+    const auto [x, out] = recompute(ctx);
     torch::autograd::backward({out}, {grads.at(0)});
     return {x.grad(), torch::Tensor()};
   }
 };
+
+// A reentrant checkpoint that differentiates its recompute in two passes, one for the input's gradient
+// and one for the parameters' (as designs do that treat them separately): each pass runs the backward
+// of every tensor-parallel region on its path, so the backward all-reduces are issued twice. The
+// gradients are right; only the ledger shows it.
+struct TwoPassCheckpoint : torch::autograd::Function<TwoPassCheckpoint>, ReentrantBlock {
+  using ReentrantBlock::forward;
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto [x, out] = recompute(ctx);
+    const torch::Tensor dx = torch::autograd::grad({out}, {x}, {grads.at(0)}, /*retain_graph=*/true)[0];
+    const int layer = static_cast<int>(ctx->saved_data["layer"].toInt());
+    const std::vector<torch::Tensor> params = reentrant_model->unit_params(Unit{layer, BlockPart::whole});
+    const auto dp = torch::autograd::grad({out}, params, {grads.at(0)}, /*retain_graph=*/false, false, true);
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!dp[i].defined()) continue;
+      torch::Tensor& g = const_cast<torch::Tensor&>(params[i]).mutable_grad();
+      g = g.defined() ? g + dp[i] : dp[i].clone();
+    }
+    return {dx, torch::Tensor()};
+  }
+};
+
+// The block stack of `model` on x, every block run as `how` says: the builtin checkpoint ("checkpoint",
+// "kept": the model's shard decides whether all-reduce outputs are kept), NestedBackwardCheckpoint
+// ("nested"), TwoPassCheckpoint ("two-pass"), or plainly. The reentrant designs run reentrant_model.
+torch::Tensor run_blocks(TransformerImpl& model, const torch::Tensor& x, const std::string& how) {
+  torch::Tensor h = x;
+  for (int l = 0; l < model.config().layers; ++l) {
+    const Unit u{l, BlockPart::whole};
+    auto block = [&model, u](const torch::Tensor& in) { return model.run_unit(u, in, {}); };
+    if (how == "checkpoint" || how == "kept")
+      h = ckv::checkpoint(block, h);
+    else if (how == "nested")
+      h = NestedBackwardCheckpoint::apply(h, static_cast<int64_t>(l));
+    else if (how == "two-pass")
+      h = TwoPassCheckpoint::apply(h, static_cast<int64_t>(l));
+    else
+      h = block(h);
+  }
+  return h;
+}
+// A micro-batch's block-stack input, requiring grad (a reentrant checkpoint's output requires grad only
+// through its tensor inputs).
+torch::Tensor input_of(const CaseData& data, const ModelConfig& cfg) {
+  return torch::tensor(data.x, torch::kDouble)
+      .reshape({data.batch, data.seq, cfg.input_width()})
+      .to(torch::kFloat)
+      .requires_grad_();
+}
 
 // Data parallelism: every rank a replica of the whole Transformer (blocks tied to layer 0, so one
 // parameter is read by both blocks) on its own data, two micro-batches, the DDP-style reducer averaging
@@ -353,26 +412,13 @@ int dp_transformer(const RankEnv& env, const std::string& mode) {
     SiteTap tap(DropoutImpl::explicit_mask, {0.0, 0.0, 0.0, 0.0});
     TransformerImpl model(cfg, &tap);
     model.load(params);
-    nested_model = &model;
+    reentrant_model = &model;
     auto ledger = std::make_shared<CollectiveLedger>();
     GradReducer reducer(world, model.parameters(), ledger);
     Run r;
     for (int m = 0; m < micro; ++m) {
       const CaseData data = make_case_data(cfg, B, T, 5, env.rank * micro + m);  // every replica its own data
-      // x requires grad: a reentrant checkpoint's output requires grad only through its tensor inputs.
-      const torch::Tensor x =
-          torch::tensor(data.x, torch::kDouble).reshape({B, T, cfg.d_model}).to(torch::kFloat).requires_grad_();
-      torch::Tensor h = x;
-      for (int l = 0; l < cfg.layers; ++l) {
-        const Unit u{l, BlockPart::whole};
-        auto block = [&model, u](const torch::Tensor& in) { return model.run_unit(u, in, {}); };
-        if (how == "checkpoint")
-          h = ckv::checkpoint(block, h);
-        else if (how == "nested")
-          h = NestedBackwardCheckpoint::apply(h, static_cast<int64_t>(l));
-        else
-          h = block(h);
-      }
+      const torch::Tensor h = run_blocks(model, input_of(data, cfg), how);
       const torch::Tensor loss = model.head_loss(h, torch::tensor(data.targets, torch::kLong).reshape({B, T}), {});
       reducer.begin_backward();
       loss.backward();
@@ -413,44 +459,6 @@ int dp_transformer(const RankEnv& env, const std::string& mode) {
   return 0;
 }
 
-// A reentrant checkpoint that differentiates its recompute in two passes, one for the input's gradient
-// and one for the parameters' (as designs do that treat them separately): each pass runs the backward
-// of every tensor-parallel region on its path, so the backward all-reduces are issued twice. The
-// gradients are right; only the ledger shows it.
-TransformerImpl* two_pass_model = nullptr;
-struct TwoPassCheckpoint : torch::autograd::Function<TwoPassCheckpoint> {
-  static torch::Tensor block(const torch::Tensor& x, int64_t layer) {
-    return two_pass_model->run_unit(Unit{static_cast<int>(layer), BlockPart::whole}, x, {});
-  }
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t layer) {
-    ctx->save_for_backward({x});
-    ctx->saved_data["layer"] = layer;
-    torch::NoGradGuard no_grad;
-    return block(x, layer);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const int64_t layer = ctx->saved_data["layer"].toInt();
-    const torch::Tensor x = ctx->get_saved_variables().at(0).detach().requires_grad_();
-    torch::Tensor out;
-    {
-      torch::AutoGradMode grad(true);
-      out = block(x, layer);
-    }
-    const torch::Tensor dx = torch::autograd::grad({out}, {x}, {grads.at(0)}, /*retain_graph=*/true)[0];
-    const std::vector<torch::Tensor> params =
-        two_pass_model->unit_params(Unit{static_cast<int>(layer), BlockPart::whole});
-    const auto dp = torch::autograd::grad({out}, params, {grads.at(0)}, /*retain_graph=*/false, false, true);
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!dp[i].defined()) continue;
-      torch::Tensor& g = const_cast<torch::Tensor&>(params[i]).mutable_grad();
-      g = g.defined() ? g + dp[i] : dp[i].clone();
-    }
-    return {dx, torch::Tensor()};
-  }
-};
-
 // The ledger rule on the sharded Transformer (2 layers, no dropout): a plain run, then the same under
 // `mode` on the same ranks; writes "rule=<labels violating it>" with the first, and whether the
 // gradients match the plain run's ("match" / "differ"). Modes: checkpoint (the builtin, which repeats
@@ -479,20 +487,8 @@ int tp_ledger(const RankEnv& env, const std::string& mode) {
     SiteTap tap(DropoutImpl::explicit_mask, {0.0, 0.0, 0.0, 0.0});
     TransformerImpl model(cfg, &tap, nullptr, shard);
     model.load(params);
-    two_pass_model = &model;
-    const torch::Tensor x =
-        torch::tensor(data.x, torch::kDouble).reshape({B, T, cfg.d_model}).to(torch::kFloat).requires_grad_();
-    torch::Tensor h = x;
-    for (int l = 0; l < cfg.layers; ++l) {
-      const Unit u{l, BlockPart::whole};
-      auto block = [&model, u](const torch::Tensor& in) { return model.run_unit(u, in, {}); };
-      if (how == "checkpoint" || how == "kept")
-        h = ckv::checkpoint(block, h);
-      else if (how == "two-pass")
-        h = TwoPassCheckpoint::apply(h, static_cast<int64_t>(l));
-      else
-        h = block(h);
-    }
+    reentrant_model = &model;
+    const torch::Tensor h = run_blocks(model, input_of(data, cfg), how);
     model.head_loss(h, torch::tensor(data.targets, torch::kLong).reshape({B, T}), {}).backward();
     return Run{shard.region->ledger->records(), model.grads()};
   };
