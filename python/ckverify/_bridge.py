@@ -138,7 +138,7 @@ class _FunctionRunner:
     def __init__(self, target, positional, options):
         self.target, self.positional, self.options = target, tuple(positional), options
 
-    def __call__(self, fn, params, index, step, micro, args, generators=()):
+    def __call__(self, fn, params, index, step, micro, args, generators):
         segment = Segment(fn, params, index, step, micro, generators)
         return self.target(segment, *self.positional, *args, **self.options)
 
@@ -148,7 +148,7 @@ class _WrapperRunner:
         self.target, self.options = target, options
         self.wrapped = {}  # (index, micro) -> (segment, wrapped), for one training run at a time
 
-    def __call__(self, fn, params, index, step, micro, args, generators=()):
+    def __call__(self, fn, params, index, step, micro, args, generators):
         run_key = tuple(p._cdata for p in params)  # the parameters of the training run
         entry = self.wrapped.get((index, micro))
         if entry is None or entry[0] != run_key:
@@ -172,8 +172,7 @@ class _StrategyRunner:
     def __init__(self, target, options):
         self.target, self.options = target, options
 
-    def __call__(self, fns, params, step, micro, x, generators=None):
-        generators = generators if generators is not None else [()] * len(fns)
+    def __call__(self, fns, params, step, micro, x, generators):
         blocks = Blocks(Segment(fn, p, i, step, micro, g) for i, (fn, p, g) in enumerate(zip(fns, params, generators)))
         out = self.target(blocks, x, **self.options)
         if not isinstance(out, torch.Tensor):

@@ -70,19 +70,23 @@ std::vector<std::string> ledger_violations(const std::vector<CollectiveRecord>& 
   return out;
 }
 
+torch::Tensor all_reduce_recorded(const Group& group, const torch::Tensor& t, CollectiveLedger* ledger, Pass pass,
+                                  const std::string& where) {
+  torch::Tensor out = t.detach().contiguous().clone();
+  const auto start = std::chrono::steady_clock::now();
+  group.all_reduce_sum_(out);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  if (ledger)
+    ledger->add(
+        {Collective::all_reduce, pass, static_cast<int64_t>(out.numel() * out.element_size()), where, took.count()});
+  return out;
+}
+
 namespace {
 using torch::autograd::variable_list;
 
-// Sums t over the region's ranks (a new tensor; t is left alone) and records it.
 torch::Tensor all_reduce(const torch::Tensor& t, ParallelRegion& region, Pass pass, const std::string& where) {
-  torch::Tensor out = t.detach().contiguous().clone();
-  const auto start = std::chrono::steady_clock::now();
-  region.group->all_reduce_sum_(out);
-  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-  if (region.ledger)
-    region.ledger->add(
-        {Collective::all_reduce, pass, static_cast<int64_t>(out.numel() * out.element_size()), where, took.count()});
-  return out;
+  return all_reduce_recorded(*region.group, t, region.ledger.get(), pass, where);
 }
 Pass forward_pass() {
   return compat::current_backward_key() >= 0 ? Pass::recompute : Pass::forward;

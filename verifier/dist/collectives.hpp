@@ -50,6 +50,11 @@ class CollectiveLedger {
   std::vector<CollectiveRecord> records_;
 };
 
+// Sums t over `group`'s ranks into a new tensor (t is left alone) and records it in `ledger` (may be
+// null) with its pass, label, bytes and the time spent inside the collective.
+torch::Tensor all_reduce_recorded(const Group& group, const torch::Tensor& t, CollectiveLedger* ledger, Pass pass,
+                                  const std::string& where);
+
 // The ledger rule, for one rank: `test` (a run under a checkpoint) against `plain` (the same run
 // without). A recompute may repeat forward collectives (Pass::recompute) or save their results; it must
 // never issue a backward collective more often than the plain run does. One line per label whose

@@ -6,7 +6,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <chrono>
 #include <mutex>
 #include <string>
 
@@ -45,18 +44,13 @@ struct ReduceHook : torch::autograd::FunctionPostHook {
     // Every replica joins the collective, also one whose gradient is undefined (it contributes zeros and
     // then holds the average, as DDP does for a parameter unused on one replica).
     const torch::Tensor grad = param.grad();
-    torch::Tensor sum = grad.defined() ? grad.detach().contiguous().clone() : torch::zeros_like(param);
-    const auto start = std::chrono::steady_clock::now();
-    s->replicas->all_reduce_sum_(sum);
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    torch::Tensor sum = all_reduce_recorded(*s->replicas, grad.defined() ? grad : torch::zeros_like(param),
+                                            s->ledger.get(), Pass::backward, "dp." + std::to_string(index));
     sum.div_(static_cast<double>(s->replicas->size()));
     if (grad.defined())
       grad.copy_(sum);
     else
       param.mutable_grad() = sum;
-    if (s->ledger)
-      s->ledger->add({Collective::all_reduce, Pass::backward, static_cast<int64_t>(sum.numel() * sum.element_size()),
-                      "dp." + std::to_string(index), took.count()});
     return outputs;
   }
 };
