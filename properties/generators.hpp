@@ -106,6 +106,8 @@ struct DeepShape {
 };
 inline constexpr int kDeepShare = 12;
 inline constexpr int kDeepMinLayers = 12, kDeepMaxLayers = 40;
+// Tensor-parallel Cases: 3 draws in kTpDraws (gen_case_free).
+inline constexpr int kTpDraws = 128;
 
 inline rc::Gen<DeepShape> gen_deep() {
   using namespace rc;
@@ -154,58 +156,83 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
   // One Case in eight draws per-token jitter (random ops other than dropout and the noise module).
   const auto rand = pick(RandOp::none, RandOp::none, RandOp::none, RandOp::none, RandOp::none, RandOp::none,
                          RandOp::none, RandOp::jitter);
-  return gen::map(gen::tuple(gen_deep(), shallow, segout, rand), [o](std::tuple<DeepShape, Case, SegOut, RandOp> dc) {
-    Case c = std::move(std::get<1>(dc));
-    apply_deep(std::get<0>(dc), c);
-    c.model.segout = std::get<2>(dc);
-    c.model.rand = std::get<3>(dc);
-    if (c.model.tie == Tie::head) c.model.segout = SegOut::plain;  // no hidden-state input to carry (case.cpp)
-    if (c.gp > 0.0) c.input_frozen = false;                        // the penalty is on dloss/dx
-#if !CKV_TORCH_AT_LEAST(2, 0)
-    // LibTorch 1.13's CPU autocast cannot run a tied head in bf16 (check_environment).
-    if (c.device == "cpu" && c.model.tie == Tie::head && c.precision == Precision::bf16) c.model.tie = Tie::none;
-#endif
-    // Shapes vary across micro-batches only where there are several, and leave each at least one token.
-    c.seqvar = c.micro < 2 ? 0 : std::min(c.seqvar, (c.seq - 1) / (c.micro - 1));
-    if (c.model.has(kBatchNorm) && c.batch * min_seq(c) < 4)  // BatchNorm needs four values per channel (case.cpp)
-      c.seq = (4 + c.batch - 1) / c.batch + c.seqvar * (c.micro - 1);
-    if (c.resume > 0) {  // a save position inside the run (at a step boundary under sched=ffbb)
-      const int total = c.steps * c.micro;
-      c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);
-      if (c.sched == Schedule::ffbb) c.resume -= c.resume % c.micro;
-    }
-    if (o.strategy) {
-      c.model.key_padding = false, c.model.aux_weight = 0.0;  // segio=single
-      if (c.model.tie == Tie::head) c.model.tie = Tie::none;
-      c.model.segout = SegOut::plain;  // blocks over the hidden state alone
-    }
-    // The in-place experiment's details only where it runs; the key mask only where segments receive one.
-    c.inplace_micro %= c.micro;
-    if (c.inplace_on == InplaceOn::mask && (!c.model.key_padding || seq_of(c, c.inplace_micro) < 2))
-      c.inplace_on = InplaceOn::input;
-    if (c.inplace_on == InplaceOn::param) {  // between micro-batches: before the forward of one after the first
-      if (c.micro < 2)
-        c.inplace_on = InplaceOn::input;
-      else
-        c.inplace_micro = std::max(c.inplace_micro, 1);
-    }
-    if (!c.inplace) c.inplace_on = InplaceOn::input, c.inplace_micro = 0;
-    c.impl = o.impl;
-    c.device = o.device;
-    if (o.plan) {  // a fixed plan is kept as given: grow the stack until it fits
-      if (c.plan.kind == PlanKind::segments) c.model.layers = std::max(c.model.layers, c.plan.n);
-      if (c.plan.kind == PlanKind::from_layer) c.model.layers = std::max(c.model.layers, c.plan.n + 1);
-      return c;
-    }
-    // Generated plan parameters depend on the layer count: fold them into range.
-    const int L = c.model.layers;
-    if (c.plan.kind == PlanKind::every_n || c.plan.kind == PlanKind::segments) c.plan.n = 1 + c.plan.n % L;
-    if (c.plan.kind == PlanKind::from_layer) c.plan.n %= L;
-    if (c.plan.kind != PlanKind::every_n && c.plan.kind != PlanKind::segments && c.plan.kind != PlanKind::from_layer)
-      c.plan.n = 0;
-    if (!c.plan.invalid_for(L).empty()) c.plan = Plan{};
-    return c;
+  // A bounded share of tensor-parallel Cases (3 draws in kTpDraws: tp=2 twice as often as tp=4):
+  // each runs as ranks, tens of times the cost of a case in one process. Shrinking takes the draw to 0,
+  // tp=1, first.
+  const auto tp = gen::map(gen::inRange(0, kTpDraws), [](int i) {
+    return i >= kTpDraws - 1 ? 4 : i >= kTpDraws - 3 ? 2 : 1;
   });
+  return gen::map(
+      gen::tuple(gen_deep(), shallow, segout, rand, tp), [o](std::tuple<DeepShape, Case, SegOut, RandOp, int> dc) {
+        Case c = std::move(std::get<1>(dc));
+        apply_deep(std::get<0>(dc), c);
+        c.model.segout = std::get<2>(dc);
+        c.model.rand = std::get<3>(dc);
+        c.tp = std::get<4>(dc);
+        if (std::get<0>(dc).on || o.device != "cpu") c.tp = 1;  // deep Cases test depth; ranks run on the CPU
+        // A tensor-parallel degree fixed by --only shapes the Case for it here (apply_only then finds it valid).
+        for (std::istringstream only(o.only); only;) {
+          std::string tok;
+          only >> tok;
+          if (tok == "tp=2" || tok == "tp=4") c.tp = tok[3] - '0';
+        }
+        if (c.tp > 1) {
+          // What ranks do not run yet (case.cpp), and a model that splits: tp heads (each of the drawn head
+          // dimension), so d and the FFN width divide by tp too.
+          c.gp = 0.0, c.inplace = false, c.resume = 0;
+          if (c.model.heads % c.tp != 0) {
+            c.model.d_model = c.model.d_model / c.model.heads * c.tp;
+            c.model.heads = c.tp;
+          }
+        }
+        if (c.model.tie == Tie::head) c.model.segout = SegOut::plain;  // no hidden-state input to carry (case.cpp)
+        if (c.gp > 0.0) c.input_frozen = false;                        // the penalty is on dloss/dx
+#if !CKV_TORCH_AT_LEAST(2, 0)
+        // LibTorch 1.13's CPU autocast cannot run a tied head in bf16 (check_environment).
+        if (c.device == "cpu" && c.model.tie == Tie::head && c.precision == Precision::bf16) c.model.tie = Tie::none;
+#endif
+        // Shapes vary across micro-batches only where there are several, and leave each at least one token.
+        c.seqvar = c.micro < 2 ? 0 : std::min(c.seqvar, (c.seq - 1) / (c.micro - 1));
+        if (c.model.has(kBatchNorm) && c.batch * min_seq(c) < 4)  // BatchNorm needs four values per channel (case.cpp)
+          c.seq = (4 + c.batch - 1) / c.batch + c.seqvar * (c.micro - 1);
+        if (c.resume > 0) {  // a save position inside the run (at a step boundary under sched=ffbb)
+          const int total = c.steps * c.micro;
+          c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);
+          if (c.sched == Schedule::ffbb) c.resume -= c.resume % c.micro;
+        }
+        if (o.strategy) {
+          c.model.key_padding = false, c.model.aux_weight = 0.0;  // segio=single
+          if (c.model.tie == Tie::head) c.model.tie = Tie::none;
+          c.model.segout = SegOut::plain;  // blocks over the hidden state alone
+        }
+        // The in-place experiment's details only where it runs; the key mask only where segments receive one.
+        c.inplace_micro %= c.micro;
+        if (c.inplace_on == InplaceOn::mask && (!c.model.key_padding || seq_of(c, c.inplace_micro) < 2))
+          c.inplace_on = InplaceOn::input;
+        if (c.inplace_on == InplaceOn::param) {  // between micro-batches: before the forward of one after the first
+          if (c.micro < 2)
+            c.inplace_on = InplaceOn::input;
+          else
+            c.inplace_micro = std::max(c.inplace_micro, 1);
+        }
+        if (!c.inplace) c.inplace_on = InplaceOn::input, c.inplace_micro = 0;
+        c.impl = o.impl;
+        c.device = o.device;
+        if (o.plan) {  // a fixed plan is kept as given: grow the stack until it fits
+          if (c.plan.kind == PlanKind::segments) c.model.layers = std::max(c.model.layers, c.plan.n);
+          if (c.plan.kind == PlanKind::from_layer) c.model.layers = std::max(c.model.layers, c.plan.n + 1);
+          return c;
+        }
+        // Generated plan parameters depend on the layer count: fold them into range.
+        const int L = c.model.layers;
+        if (c.plan.kind == PlanKind::every_n || c.plan.kind == PlanKind::segments) c.plan.n = 1 + c.plan.n % L;
+        if (c.plan.kind == PlanKind::from_layer) c.plan.n %= L;
+        if (c.plan.kind != PlanKind::every_n && c.plan.kind != PlanKind::segments &&
+            c.plan.kind != PlanKind::from_layer)
+          c.plan.n = 0;
+        if (!c.plan.invalid_for(L).empty()) c.plan = Plan{};
+        return c;
+      });
 }
 
 // The generated Case with the `--only` fields. Where they contradict a field the generator chose (gp>0

@@ -58,5 +58,7 @@ Property resume_property();
 Property memory_saved_property();
 Property grad_baseline_property();
 Property grad_reference_property();
+Property parallel_consistency_property();
+Property collective_ledger_property();
 
 }  // namespace ckv

@@ -30,9 +30,20 @@ const std::vector<Property>& properties() {
   static const std::vector<Property> v = {
       // Report order, so the first failing property is the headline: side-effect-once (generators left
       // advanced after every recompute) before exception-safe (the same, only after a throwing one).
-      rng_replay_property(),      autocast_replay_property(),  recompute_count_property(), completes_property(),
-      refuses_inplace_property(), side_effect_once_property(), exception_safe_property(),  resume_property(),
-      memory_saved_property(),    grad_baseline_property(),    grad_reference_property(),
+      rng_replay_property(),
+      autocast_replay_property(),
+      recompute_count_property(),
+      completes_property(),
+      refuses_inplace_property(),
+      side_effect_once_property(),
+      exception_safe_property(),
+      resume_property(),
+      memory_saved_property(),
+      grad_baseline_property(),
+      grad_reference_property(),
+      // After the gradients: a rank that drew another rank's stream breaks them first.
+      parallel_consistency_property(),
+      collective_ledger_property(),
   };
   return v;
 }

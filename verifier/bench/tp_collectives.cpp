@@ -85,7 +85,7 @@ int rank_main(const Options& o, const RankEnv& env) {
   auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(120)});
   ModelConfig cfg;
   cfg.layers = o.layers, cfg.d_model = o.d, cfg.heads = o.heads, cfg.ffn_mult = 4;
-  const std::string why = shard_error(cfg, o.tp);
+  const std::string why = tp_error(cfg, o.tp);
   if (!why.empty()) throw std::invalid_argument(why);
   const ParamSet params = make_params(cfg, 1);
   const CaseData data = make_case_data(cfg, o.batch, o.seq, 1);

@@ -358,6 +358,15 @@ const std::vector<Field>& fields() {
         "random ops other than dropout: none, or jitter (every FFN output scaled per token by 1 + 0.1 eps, eps ~ "
         "N(0,1) of shape (batch, seq, 1): an odd number of normal draws where batch x seq is odd)",
         kRand, [](Case& c) -> RandOp& { return c.model.rand; }, false));
+    {
+      Field f = int_field(
+          "tp",
+          "tensor-parallel degree: 1, or the Case runs as 2 or 4 processes joined over Gloo, each holding heads/tp of "
+          "the attention heads and d_ff/tp of the FFN (docs/parallel.md)",
+          1, 4, [](Case& c) -> int& { return c.tp; }, false);
+      f.values = "1|2|4";
+      t.push_back(f);
+    }
     t.push_back(enum_field("prec", "precision: fp32, or the forward under bf16 / fp16 autocast", kPrec,
                            [](Case& c) -> Precision& { return c.precision; }));
     {
@@ -559,6 +568,17 @@ double estimated_bytes(const Case& c) {
   return activations * (8 + 4 + 3 * 4) + params * 8 * 8;
 }
 
+std::string tp_error(const ModelConfig& m, int tp) {
+  const std::string t = "tp=" + std::to_string(tp);
+  if (tp < 1) return t + " is not a positive degree";
+  if (m.attention && m.heads % tp != 0)
+    return t + " needs heads divisible by it (heads=" + std::to_string(m.heads) + ": each rank holds heads/tp)";
+  if (m.d_ff() % tp != 0)
+    return t + " needs the FFN width divisible by it (d x ffn=" + std::to_string(m.d_ff()) +
+           ": each rank holds d_ff/tp hidden units)";
+  return "";
+}
+
 void validate(const Case& c) {
   for (const auto& f : fields()) {
     Case copy;
@@ -603,6 +623,17 @@ void validate(const Case& c) {
         "fx=bn needs batch x seq >= 4 in every micro-batch: over fewer values per channel BatchNorm's output hardly "
         "depends on its input "
         "(one value: undefined; two: always +-1), so every gradient before it is rounding noise");
+  if (c.tp != 1 && c.tp != 2 && c.tp != 4) fail("tp=" + std::to_string(c.tp) + " is not one of 1|2|4");
+  if (c.tp > 1) {
+    if (const std::string e = tp_error(m, c.tp); !e.empty()) fail(e);
+    auto needs = [&](bool ok, const std::string& what) {
+      if (!ok) fail("tp=" + std::to_string(c.tp) + " " + what);
+    };
+    needs(c.device == "cpu", "runs its ranks' collectives over Gloo on the CPU: it needs device=cpu");
+    needs(c.gp == 0.0, "needs gp=0 (the collectives' backward is not differentiable a second time)");
+    needs(!c.inplace, "needs inplace=false (the in-place experiments are not built for ranks yet)");
+    needs(c.resume == 0, "needs resume=0 (resuming ranks is not built yet)");
+  }
   constexpr double kMaxBytes = 32.0 * (1ull << 30);
   if (const double b = estimated_bytes(c); b > kMaxBytes)
     fail("the case needs about " + shortest(std::round(b / (1 << 30))) +

@@ -99,6 +99,9 @@ struct Case {
   int inplace_micro = 0;
   SegIn segin = SegIn::plain;
   Precision precision = Precision::fp32;
+  // Tensor-parallel degree (docs/parallel.md): 1, or the Case runs as tp processes joined over Gloo, each
+  // holding heads/tp of the attention heads and d_ff/tp of the FFN (model/shard.hpp).
+  int tp = 1;
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
   Plan plan;
   std::string impl = "builtin";
@@ -130,6 +133,10 @@ inline int64_t tokens_per_step(const Case& c) {
   for (int m = 0; m < c.micro; ++m) n += static_cast<int64_t>(c.batch) * seq_of(c, m);
   return n;
 }
+
+// Why the model cannot be split over `tp` tensor-parallel ranks ("tp=2 needs heads divisible by it ..."),
+// or "" when it can: heads and the FFN width must divide by it.
+std::string tp_error(const ModelConfig& m, int tp);
 
 // Throws CaseError naming the first invalid field or combination.
 void validate(const Case& c);

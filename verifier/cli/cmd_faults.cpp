@@ -14,6 +14,8 @@
 
 namespace ckv::cli {
 
+constexpr int kRankFaultShrinkRuns = 40;
+
 CLI::App* add_faults(CLI::App& app, FaultsArgs& a) {
   CLI::App* faults = app.add_subcommand(
       "faults", "Run the gate against every fault: the property that kills each, after how many cases, shrunk.");
@@ -73,19 +75,26 @@ int run_faults(const FaultsArgs& a) {
       rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", why}});
       continue;
     }
-    if (!plugin.empty() && info.state_fault != StateFault::none) {  // not a checkpoint: the state saver is broken
+    if (!plugin.empty() && (info.state_fault != StateFault::none || info.parallel_fault != ParallelFault::none)) {
+      // Not a checkpoint: the state saver, or the sharded model, is broken.
+      const bool resume = info.state_fault != StateFault::none;
       std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-",
-                  "a resume fault lives in ckverify's state saver, not in a plugin");
+                  resume ? "a resume fault lives in ckverify's state saver, not in a plugin"
+                         : "a tensor-parallel framework fault lives in ckverify's sharded model, not in a plugin");
       rows.push_back({{"fault", info.name},
                       {"expected", info.killed_by},
                       {"run", false},
-                      {"why", "resume faults are not plugins"}});
+                      {"why", resume ? "resume faults are not plugins" : "framework faults are not plugins"}});
       continue;
     }
     SearchOptions o;
     o.gen.impl = plugin.empty() ? info.name : plugin + ":fault=" + info.name;
     o.gen.device = device;
+    o.gen.only = info.case_fields;  // the Cases that can show it at all (tp=2)
     g.apply(o);
+    // A Case that runs as ranks costs about a second (processes, groups): its shrinking is bounded, and
+    // the table then shows the smallest Case found within the bound.
+    if (!info.case_fields.empty()) o.max_shrink_runs = kRankFaultShrinkRuns;
     o.cases = cases;
     o.seed = seed;
     o.budget_s = budget;

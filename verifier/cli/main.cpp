@@ -11,6 +11,7 @@
 //   audit-amp  cmd_audit_amp  the AMP drift audit
 //   bench      cmd_bench      per-plan memory, time and loss curves
 //   worker     cmd_worker     the worker process of check, repro and faults (hidden)
+//   rank       rank_case      one rank of a Case with tp > 1 (hidden)
 // Each command's options go into its own struct (add_*); what the command line alone decides is checked
 // (finish_*) before anything is read or loaded, and before a supervised command forks; then it runs
 // (run_*). The options several commands share are parsed in args.hpp.
@@ -33,6 +34,7 @@
 #include "verifier/cli/cmd_repro.hpp"
 #include "verifier/cli/cmd_train.hpp"
 #include "verifier/cli/cmd_worker.hpp"
+#include "verifier/cli/rank_case.hpp"
 #include "verifier/cli/supervise.hpp"
 #include "verifier/run/state.hpp"
 
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
   FaultsArgs faults;
   MergeArgs merge;
   WorkerArgs worker;
+  RankArgs rank;
   CaseArgs case_args;
   TrainArgs train;
   AuditAmpArgs audit;
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
   CLI::App* const faults_cmd = add_faults(app, faults);
   CLI::App* const merge_cmd = add_merge(app, merge);
   CLI::App* const worker_cmd = add_worker(app, worker);
+  CLI::App* const rank_cmd = add_rank(app, rank);
   CLI::App* const list_cmd = add_list(app);
   CLI::App* const case_cmd = add_case(app, case_args);
   CLI::App* const train_cmd = add_train(app, train);
@@ -132,6 +136,7 @@ int main(int argc, char** argv) {
   if (checked != kExitOk) return checked;
 
   if (*worker_cmd) return guarded([&] { return run_worker(worker); });
+  if (*rank_cmd) return guarded([&] { return run_rank(rank); });
   if (*check_cmd) return guarded([&] { return run_check(check); });
   if (*repro_cmd) return guarded([&] { return run_repro(repro); });
   if (*faults_cmd) return guarded([&] { return run_faults(faults); });

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "verifier/cli/rank_case.hpp"
 #include "verifier/cli/supervise.hpp"
 #include "verifier/cli/workers.hpp"
 #include "verifier/impls/loader.hpp"
@@ -46,6 +47,7 @@ rc::Shrinkable<Case> generate(const rc::Gen<Case>& gen, uint64_t seed, int i) {
 }
 
 std::vector<Finding> run_checks(const Case& c) {
+  if (c.tp > 1) return run_case_as_ranks(c);
   auto impl = make_impl(c.impl);
   try {
     return check_case(c, *impl);

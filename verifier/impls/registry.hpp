@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "verifier/impls/interface.hpp"
+#include "verifier/impls/parallel_fault.hpp"
 #include "verifier/impls/state_fault.hpp"
 
 namespace ckv {
@@ -24,6 +25,10 @@ struct ImplInfo {
   bool needs_fp16 = false;    // only observable under fp16 autocast (on CPU: LibTorch >= 2.3)
   // A resume fault: the checkpoint is the builtin, the training state saver is broken this way.
   StateFault state_fault = StateFault::none;
+  // A tensor-parallel framework fault: the checkpoint is the builtin, the sharded model is built this way.
+  ParallelFault parallel_fault = ParallelFault::none;
+  // Case fields (line form) every Case that shows it needs, which `ckverify faults` fixes (--only): "tp=2".
+  std::string case_fields = "";
 };
 
 // Why the implementation's fault cannot show on `device` with this build ("" when it can).

@@ -68,9 +68,17 @@ torch::Tensor region_dropout(const TensorShard& s, SiteTap& tap, const torch::Te
   const auto fork = s.tracker->fork(kModelParallelStream);
   return tap.apply(x, layer, site);
 }
+// A dropout site outside the regions: the default generator, equal on every rank (the stream only
+// under the fault that draws it from there).
+torch::Tensor replicated_dropout(const TensorShard& s, SiteTap& tap, const torch::Tensor& x, int layer,
+                                 DropoutSite site) {
+  if (!s.sharded() || !s.replicated_from_stream) return tap.apply(x, layer, site);
+  const auto fork = s.tracker->fork(kModelParallelStream);
+  return tap.apply(x, layer, site);
+}
 void check_shard(const ModelConfig& c, const TensorShard& s) {
   if (!s.sharded()) return;
-  const std::string why = shard_error(c, s.size);
+  const std::string why = tp_error(c, s.size);
   if (!why.empty()) throw std::invalid_argument("model: " + why);
   if (s.rank < 0 || s.rank >= s.size)
     throw std::invalid_argument("model: tensor-parallel rank " + std::to_string(s.rank) + " of " +
@@ -171,15 +179,17 @@ TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState
 torch::Tensor TransformerImpl::attn_half(int l, const torch::Tensor& x, const torch::Tensor& key_valid) {
   const BlockModules& b = blocks_.at(static_cast<size_t>(l));
   if (c_.placement == NormPlacement::pre)
-    return x + tap_->apply(b.attn->forward(b.norm1->forward(x), key_valid, *tap_, l), l, DropoutSite::attn_out);
-  return b.norm1->forward(x + tap_->apply(b.attn->forward(x, key_valid, *tap_, l), l, DropoutSite::attn_out));
+    return x + replicated_dropout(shard_, *tap_, b.attn->forward(b.norm1->forward(x), key_valid, *tap_, l), l,
+                                  DropoutSite::attn_out);
+  return b.norm1->forward(
+      x + replicated_dropout(shard_, *tap_, b.attn->forward(x, key_valid, *tap_, l), l, DropoutSite::attn_out));
 }
 torch::Tensor TransformerImpl::ffn_half(int l, const torch::Tensor& x) {
   const BlockModules& b = blocks_.at(static_cast<size_t>(l));
   // The FFN's output, jittered (rand=jitter), through the ffn_out dropout site.
   auto out = [&](torch::Tensor y) {
     if (c_.rand == RandOp::jitter) y = tap_->jitter(y, l);
-    return tap_->apply(y, l, DropoutSite::ffn_out);
+    return replicated_dropout(shard_, *tap_, y, l, DropoutSite::ffn_out);
   };
   if (c_.placement == NormPlacement::pre) return x + out(b.ffn->forward(b.norm2->forward(x), *tap_, l));
   return b.norm2->forward(x + out(b.ffn->forward(x, *tap_, l)));
@@ -269,10 +279,11 @@ std::vector<torch::Tensor> TransformerImpl::unit_params(const Unit& u) {
   return out;
 }
 
-void TransformerImpl::load(const ParamSet& full) {
+void TransformerImpl::load(const ParamSet& full, bool shard_values) {
   torch::NoGradGuard no_grad;
-  const ParamSet sharded = shard_.sharded() ? shard_params(full, shard_.rank, shard_.size) : ParamSet{};
-  const ParamSet& p = shard_.sharded() ? sharded : full;
+  const bool slice = shard_.sharded() && !shard_values;
+  const ParamSet sharded = slice ? shard_params(full, shard_.rank, shard_.size) : ParamSet{};
+  const ParamSet& p = slice ? sharded : full;
   const auto params = named_parameters().pairs();
   if (params.size() != p.items.size())
     throw std::logic_error("model: " + std::to_string(params.size()) + " parameters but the layout has " +

@@ -102,9 +102,11 @@ class TransformerImpl : public torch::nn::Module {
   std::vector<torch::Tensor> unit_params(const Unit& u);
   const ModelConfig& config() const { return c_; }
 
-  void load(const ParamSet& p);  // copies values (fp64 -> parameter dtype) by name
-  ParamSet values() const;       // current parameters, as fp64, in layout order (the shard's, sharded)
-  ParamSet grads() const;        // gradients (zeros where undefined), as fp64 (the shard's, sharded)
+  // Copies values (fp64 -> parameter dtype) by name: the unsharded model's parameters (a sharded model
+  // keeps its slice), or with `shard_values` this shard's own (values() of the same rank).
+  void load(const ParamSet& p, bool shard_values = false);
+  ParamSet values() const;  // current parameters, as fp64, in layout order (the shard's, sharded)
+  ParamSet grads() const;   // gradients (zeros where undefined), as fp64 (the shard's, sharded)
   const TensorShard& shard() const { return shard_; }
   std::vector<bool> grads_defined() const;
   // BatchNorm running statistics ("layer0.bn.running_mean", ".running_var", ".num_batches_tracked"),

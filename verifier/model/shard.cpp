@@ -43,15 +43,6 @@ int site_shard_dim(DropoutSite s) {
   }
 }
 
-std::string shard_error(const ModelConfig& c, int size) {
-  if (size < 1) return "tp " + std::to_string(size) + " is not a positive degree";
-  if (c.attention && c.heads % size != 0)
-    return "heads " + std::to_string(c.heads) + " do not divide by tp " + std::to_string(size);
-  if (c.d_ff() % size != 0)
-    return "the FFN width " + std::to_string(c.d_ff()) + " does not divide by tp " + std::to_string(size);
-  return "";
-}
-
 ParamSet shard_params(const ParamSet& full, int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size)
     throw std::invalid_argument("shard_params: rank " + std::to_string(rank) + " of " + std::to_string(size));

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "reference/params.hpp"
+#include "verifier/case/case.hpp"  // tp_error
 #include "verifier/model/site_tap.hpp"
 
 namespace ckv {
@@ -41,6 +42,9 @@ struct TensorShard {
   // Selective: inside a checkpoint, each region's forward all-reduce output is kept and the recompute
   // reuses it (dist::leave_parallel's keep_in_checkpoint): only local ops are recomputed.
   bool keep_reduced = false;
+  // A fault (ParallelFault::replicated_from_stream): dropout outside the regions draws from the
+  // model-parallel stream too, so the ranks drop different units of one replicated activation.
+  bool replicated_from_stream = false;
   bool sharded() const { return size > 1; }
 };
 
@@ -49,8 +53,6 @@ struct TensorShard {
 int shard_dim(const std::string& param_name);
 // The dimension of a dropout site's tensor split across tensor-parallel ranks, or -1 (replicated).
 int site_shard_dim(DropoutSite s);
-// Why `c` cannot be split over `size` ranks ("heads 3 do not divide by tp 2"), or "" when it can.
-std::string shard_error(const ModelConfig& c, int size);
 // Rank `rank`'s slice of the full parameters `full` (replicated ones whole), names and order kept.
 ParamSet shard_params(const ParamSet& full, int rank, int size);
 

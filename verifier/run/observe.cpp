@@ -6,6 +6,10 @@
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/trainer.hpp"
 
+#include <sstream>
+
+#include "verifier/model/shard.hpp"
+
 namespace ckv {
 using namespace run_detail;
 namespace {
@@ -81,7 +85,7 @@ bool within_fixed_bound(const Observations& o) {
 
 // Observations::design: the reference reentrant checkpoint in lockstep with the run under test's
 // parameters, on Cases where its gradients can be judged against the baseline's.
-void run_design_floor(Observations& o, const GlobalStateCheck& entry) {
+void run_design_floor(Observations& o, const GlobalStateCheck& entry, const ParallelRun* par) {
   const Case& c = o.c;
   if (o.test.steps.empty()) {
     o.design_why_not = "the run under test completed no step";
@@ -107,17 +111,29 @@ void run_design_floor(Observations& o, const GlobalStateCheck& entry) {
     auto run_design = [&](faults::ReentrantVariant variant, RunRecord& out) -> std::string {
       const auto start = std::chrono::steady_clock::now();
       faults::ReentrantCheckpoint reentrant(variant);
-      Trainer d(c, o, &reentrant, Mode::normal, -1);
+      Trainer d(c, o, &reentrant, Mode::normal, -1, par);
       for (size_t s = 0; s < o.test.steps.size(); ++s) {
-        out.steps.push_back(d.step(static_cast<int>(s)));
-        d.load(o.test.steps[s]);
+        // On ranks every step ends in an agreement: a step that raised on one rank stops the design on all.
+        std::string failed;
+        try {
+          out.steps.push_back(d.step(static_cast<int>(s)));
+        } catch (const std::exception& e) {
+          if (!par) throw;
+          failed = first_line(e.what());
+        }
+        if (par && !par->all(failed.empty())) {
+          for (const std::string& f : par->strings(failed))
+            if (!f.empty()) throw std::runtime_error(f);
+        }
+        d.load(o.test.steps[s]);  // gathered on ranks: load() keeps this rank's slice
         const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (s + 1 < o.test.steps.size() && spent > budget_s) {
+        if (s + 1 < o.test.steps.size() && (par ? par->any(spent > budget_s) : spent > budget_s)) {
           out = RunRecord{};
           return fmt::format("the reference reentrant run took {:.1f} s, past its budget of {:.1f} s", spent, budget_s);
         }
       }
       d.finish(out, nullptr);
+      if (par) par->gather(out);
       return "";
     };
     o.design_why_not = run_design({}, o.design);
@@ -138,9 +154,67 @@ void run_design_floor(Observations& o, const GlobalStateCheck& entry) {
     o.design_why_not = "the reference reentrant run failed: " + first_line(e.what());
   }
 }
+// On ranks (parallel.hpp), after the lockstep runs: what only the ranks' own records show (the masks
+// each rank drew, the replicated parameters on every rank, each run's collectives), then the records
+// gathered into the unsharded model's.
+void observe_ranks(Observations& o, const ParallelRun& par, const Trainer& base, const Trainer& test) {
+  ParallelRecord& r = o.parallel;
+  r.ran = true, r.ranks = par.size();
+  const bool completed = par.all(o.test.completed);
+  if (!completed) {
+    r.why_not = "the run under test did not complete on every rank";
+  } else if (!par.same_calls(o.test)) {
+    r.why_not = "the ranks' runs under test drew dropout masks at other calls or shapes";
+  } else {
+    r.consistency = parallel_consistency(par.world(), o.test.sites, o.c.dropout, test.model());
+    r.judged = true;
+  }
+  if (completed) {
+    const std::vector<std::string> mine = dist::ledger_violations(base.collectives(), test.collectives());
+    std::string joined;
+    for (const std::string& v : mine) joined += (joined.empty() ? "" : "\n") + v;
+    const std::vector<std::string> all = par.strings(joined);
+    for (size_t k = 0; k < all.size(); ++k) {
+      std::istringstream lines(all[k]);
+      for (std::string line; std::getline(lines, line);)
+        if (!line.empty()) r.ledger.push_back("rank " + std::to_string(k) + ": " + line);
+    }
+    r.ledger_judged = true;
+  }
+  for (const dist::CollectiveRecord& rec : test.collectives())
+    ++(rec.pass == dist::Pass::forward ? r.forward : rec.pass == dist::Pass::recompute ? r.recompute : r.backward);
+  par.gather(o.baseline);
+  r.masks_gathered = par.gather(o.test);
+}
+
+// What an experiment that ran on every rank found, as rank 0 found it, on every rank (the decisions
+// after it read it alike); `ran` only where it ran on every rank.
+void agree_on_rank0(const ParallelRun& par, ThrowExperiment& e) {
+  const bool ran = par.all(e.ran);
+  const std::vector<double> flags =
+      par.rank0({static_cast<double>(e.segment), e.forward_failed ? 1.0 : 0.0, e.recomputed ? 1.0 : 0.0,
+                 e.threw ? 1.0 : 0.0, e.planted_message_seen ? 1.0 : 0.0});
+  const std::vector<std::string> messages = par.strings(e.ran ? e.message : e.why_not);
+  e.segment = static_cast<int>(flags[0]);
+  e.forward_failed = flags[1] != 0.0, e.recomputed = flags[2] != 0.0, e.threw = flags[3] != 0.0;
+  e.planted_message_seen = flags[4] != 0.0;
+  if (!ran && e.ran) {
+    e.ran = false;
+    for (size_t k = 0; k < messages.size(); ++k)
+      if (!messages[k].empty()) {
+        e.why_not = "on rank " + std::to_string(k) + ": " + messages[k];
+        break;
+      }
+  } else if (ran) {
+    e.message = messages[0];
+  }
+}
 }  // namespace
 
-Observations observe(const Case& c, CheckpointImpl& impl) {
+Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par) {
+  if ((c.tp > 1) != (par != nullptr))
+    throw std::logic_error(c.tp > 1 ? "observe: a Case with tp > 1 runs as ranks (run_rank_case)"
+                                    : "observe: ranks for a Case with tp=1");
   check_environment(c);
   if (impl.is_strategy()) check_strategy_case(c);
   Observations o = prepare(c);
@@ -150,8 +224,8 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
   const GlobalStateCheck entry;
   // The run under test keeps the experiments' target segment's first arguments for the throw experiment
   // (a strategy's target is known only once it has run).
-  Trainer base(c, o, nullptr, Mode::normal, -1),
-      test(c, o, &impl, Mode::normal, impl.is_strategy() ? -1 : experiment_segment(o));
+  Trainer base(c, o, nullptr, Mode::normal, -1, par),
+      test(c, o, &impl, Mode::normal, impl.is_strategy() ? -1 : experiment_segment(o), par);
   base.record_sites(false);  // no property reads the baseline's masks, ReLU patterns or noise
   const std::exception* test_error = nullptr;
   std::unique_ptr<TracedError> saved;  // the test run's exception, its traceback taken while it is there
@@ -174,18 +248,25 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
       saved = std::make_unique<TracedError>(e.what(), exception_trace(e));
       entry.restore();
       test_error = saved.get();
-      break;
     }
+    // On ranks: the run under test stops on every rank where it failed on one (the others would wait
+    // for it in the next collective); the failure is gathered with the records.
+    if (par && !par->all(test_error == nullptr) && !test_error) {
+      saved = std::make_unique<TracedError>("stopped: another rank's run under test failed", "");
+      test_error = saved.get();
+    }
+    if (test_error) break;
     const StepRecord &t = o.test.steps.back(), &b = o.baseline.steps.back();
     if (t.params_after.items != b.params_after.items || t.ledger.batchnorm.items != b.ledger.batchnorm.items ||
         t.optimizer.items != b.optimizer.items)
-      base.load(t);
+      base.load(t, /*shard_record=*/par != nullptr);
   }
   reporting.reset();
   base.finish(o.baseline, nullptr);
   test.finish(o.test, test_error);
+  if (par) observe_ranks(o, *par, base, test);
   if (impl.is_strategy()) apply_effective_plan(o);
-  run_design_floor(o, entry);
+  run_design_floor(o, entry, par);
 
   const int target = experiment_segment(o);
   if (target < 0) {
@@ -205,7 +286,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     auto run_experiment = [&](Mode mode, auto result, auto& experiment) {
       try {
         const RestoreGlobalState restore{entry};
-        Trainer t(c, o, &impl, mode, target);
+        Trainer t(c, o, &impl, mode, target, par);
         t.experiment();
         experiment = result(t);
         experiment.ran = true, experiment.segment = target;
@@ -213,7 +294,8 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
         forward_failed(experiment, e);
       }
     };
-    if (o.test.completed && test.kept_target_args()) {
+    const bool kept = o.test.completed && test.kept_target_args();
+    if (par ? par->all(kept) : kept) {
       try {
         const RestoreGlobalState restore{entry};
         test.throw_experiment();
@@ -226,6 +308,7 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
       run_experiment(
           Mode::throw_in_recompute, [](const Trainer& t) { return t.throw_result; }, o.throw_exp);
     }
+    if (par) agree_on_rank0(*par, o.throw_exp);
     if (c.inplace) {
       run_experiment(
           Mode::inplace_input, [](const Trainer& t) { return t.inplace_result; }, o.inplace_exp);
@@ -302,7 +385,9 @@ Observations observe(const Case& c, CheckpointImpl& impl) {
     }
   }
 
-  if (!o.test.completed)
+  if (par && par->rank() != 0)
+    o.reference.why_not = "rank 0 compares the gathered records with the reference";
+  else if (!o.test.completed)
     o.reference.why_not = "the run under test did not complete";
   else if (c.precision != Precision::fp32)
     o.reference.why_not = "prec=" + std::string(to_string(c.precision)) +

@@ -212,6 +212,26 @@ struct ResumeExperiment {
   std::vector<StepRecord> steps;  // the steps the resumed run completed: step position / micro on
 };
 
+// A Case with tp > 1 (parallel.hpp): what only the ranks' own records show, taken before they are
+// gathered into the unsharded model's.
+struct ParallelRecord {
+  bool ran = false;  // the Case ran as ranks
+  int ranks = 1;
+  // parallel_consistency (model/shard.hpp) on the run under test: model-parallel masks differ between
+  // ranks, replicated masks, parameters and gradients equal. Judged where every rank completed the same
+  // calls; why_not says why not.
+  bool judged = false;
+  std::string why_not;
+  std::vector<std::string> consistency;
+  // The ledger rule (dist/collectives.hpp, ledger_violations) per rank, "rank 1: layer0.ffn: ...": the
+  // run under test issued a backward collective more often than the baseline. Judged where every rank
+  // completed.
+  bool ledger_judged = false;
+  std::vector<std::string> ledger;
+  int forward = 0, recompute = 0, backward = 0;  // the run under test's collectives by pass (this rank)
+  bool masks_gathered = false;  // the run under test's masks are the unsharded model's (else this rank's)
+};
+
 struct Observations {
   Case c;
   std::vector<Segment> segments;
@@ -246,6 +266,7 @@ struct Observations {
   bool strategy = false;
   std::vector<std::pair<int, int>> strategy_groups;
   bool strategy_plan_varies = false;  // other blocks recomputed in another step or micro-batch
+  ParallelRecord parallel;
 };
 
 // "blocks 0..4, 5..9 checkpointed; 10, 11 plain": the effective plan of a strategy Case.
@@ -253,7 +274,10 @@ std::string describe_effective_plan(const Observations& o);
 
 // Runs everything. Throws EnvironmentError (check_environment, or the baseline itself runs out of
 // memory) and std::runtime_error when the baseline fails otherwise (a ckverify bug, never a finding).
-Observations observe(const Case& c, CheckpointImpl& impl);
+// A Case with tp > 1 runs on every one of its ranks with `par` (parallel.hpp); the observations come
+// back gathered (the unsharded model's), the reference computed on rank 0 only.
+class ParallelRun;
+Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par = nullptr);
 
 // One tensor of step s that grad-reference compares with the reference, with its fp64 value and its
 // fp32 evaluations (none where the step has none, ReferenceRecord).

@@ -20,10 +20,14 @@
 #include <optional>
 #include <set>
 
+#include "verifier/dist/collectives.hpp"
+#include "verifier/dist/rng_tracker.hpp"
+#include "verifier/impls/registry.hpp"
 #include "verifier/impls/traced_error.hpp"
 #include "verifier/model/memory.hpp"
 #include "verifier/model/model.hpp"
 #include "verifier/run/optimizer.hpp"
+#include "verifier/run/parallel.hpp"
 #include "verifier/run/progress.hpp"
 #include "verifier/run/run.hpp"
 #include "verifier/run/state.hpp"
@@ -89,10 +93,14 @@ void check_strategy_case(const Case& c);
 enum class Mode { normal, throw_in_recompute, inplace_input, inplace_reference };
 
 // One training run. The members live as long as the run: segment functions handed to the
-// implementation capture references to them.
+// implementation capture references to them. With `par` (a Case with tp > 1, parallel.hpp) the run is
+// that rank's shard: its model holds the rank's slice in a process group of the run's own, dropout inside
+// the tensor-parallel regions draws from the run's model-parallel stream (seeded per rank), every
+// SegmentCall shows that stream's generator, and the run's generator states include it.
 class Trainer {
  public:
-  Trainer(const Case& c, const Observations& o, CheckpointImpl* impl, Mode mode, int target_segment)
+  Trainer(const Case& c, const Observations& o, CheckpointImpl* impl, Mode mode, int target_segment,
+          const ParallelRun* par = nullptr)
       : c_(c),
         o_(o),
         impl_(impl),
@@ -102,18 +110,25 @@ class Trainer {
         device_(c.device),
         account_(device_.type()),
         tap_(c.dropout_impl, c.dropout),
-        model_(c.model, &tap_, &effects_) {
+        parallel_fault_(parallel_fault_of(c)),
+        tracker_(par ? make_tracker(*par, c, parallel_fault_) : nullptr),
+        collectives_(par ? std::make_shared<dist::CollectiveLedger>() : nullptr),
+        model_(c.model, &tap_, &effects_,
+               par ? make_shard(*par, tracker_.get(), collectives_, parallel_fault_) : TensorShard{}) {
     const size_t layers = static_cast<size_t>(c.model.layers);
     effects_.counter.assign(layers, 0);
     effects_.external.assign(layers, 0);
     effects_.cache_calls.assign(layers, 0);
+    if (c.tp > 1 && !par)
+      throw EnvironmentError("tp=" + std::to_string(c.tp) +
+                             ": a tensor-parallel Case runs as ranks, under `ckverify check` and `repro` only");
     if (c.model.has(kLog) || c.model.has(kExternal)) {
       log_dir_ = make_temp_dir();
       effects_.log_path = log_dir_ + "/effects.log";
       std::ofstream(effects_.log_path).flush();
     }
     torch::manual_seed(c.seed);  // dropout draws from the device's default generator
-    rng_ = RngState::capture();  // this run's own random stream (runs interleave step by step)
+    rng_ = capture_rng();        // this run's own random streams (runs interleave step by step)
     model_.to(device_);
     model_.load(o.initial_params);
     model_.train();
@@ -203,13 +218,21 @@ class Trainer {
   }
   int position() const { return position_; }
   void record_sites(bool on) { tap_.set_recording(on); }
+  const TransformerImpl& model() const { return model_; }
+  // tp > 1: the collectives the run issued, in order (empty otherwise).
+  std::vector<dist::CollectiveRecord> collectives() const {
+    return collectives_ ? collectives_->records() : std::vector<dist::CollectiveRecord>{};
+  }
 
   // Continues from these parameters, running statistics and optimizer state (the baseline follows the
-  // run under test step by step).
-  void load(const StepRecord& r) {
-    model_.load(r.params_after);
+  // run under test step by step). On a sharded model: the unsharded record (gathered, parallel.hpp), or
+  // with `shard_record` one of this rank's own runs.
+  void load(const StepRecord& r, bool shard_record = false) {
+    const TensorShard& sh = model_.shard();
+    model_.load(r.params_after, shard_record);
     model_.load_batchnorm_state(r.ledger.batchnorm);
-    optimizer_->load_moments(r.optimizer, params_);
+    optimizer_->load_moments(sh.sharded() && !shard_record ? shard_params(r.optimizer, sh.rank, sh.size) : r.optimizer,
+                             params_);
   }
 
   // The training state as a saver with fault `f` writes it (state.hpp).
@@ -445,6 +468,7 @@ class Trainer {
       call.args = target_args_;
       call.segment = target_, call.step = 0, call.micro = 0;
       call.params = segment_params_.at(static_cast<size_t>(target_));
+      call.generators = generators();
       const GlobalStateCheck before;
       outs = impl_->run(call);
       before.expect_unchanged("checkpointing segment " + std::to_string(target_));
@@ -472,8 +496,12 @@ class Trainer {
 
  private:
   // Moves every generator on, so that a recompute that leaves the forward's state behind shows.
-  static void move_generators_on() {
+  void move_generators_on() {
     torch::rand({1});
+    if (tracker_) {
+      const dist::RngTracker::Fork fork = tracker_->fork(kModelParallelStream);
+      torch::rand({1});
+    }
     const size_t devices = torch::cuda::is_available() ? static_cast<size_t>(torch::cuda::device_count()) : 0;
     for (size_t i = 0; i < devices; ++i)
       torch::rand({1}, torch::TensorOptions().device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))));
@@ -615,6 +643,7 @@ class Trainer {
         call.fn = segment_fn(s, m);
         call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
         call.params = segment_params_.at(s);
+        call.generators = generators();
         stack.blocks.push_back(std::move(call));
       }
       live.segment_inputs.assign(o_.segments.size(), torch::Tensor());
@@ -658,6 +687,7 @@ class Trainer {
       if (seg.checkpointed && impl_) {
         call.segment = static_cast<int>(s), call.step = step_, call.micro = m;
         call.params = segment_params_.at(s);
+        call.generators = generators();
         const GlobalStateCheck before;
         outs = impl_->run(call);
         before.expect_unchanged("checkpointing segment " + std::to_string(s));
@@ -713,10 +743,35 @@ class Trainer {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
 
-  // The run's generators, recorded by ckverify (charged to no run: memory.hpp).
-  static RngState capture_rng() {
+  // The run's generators, recorded by ckverify (charged to no run: memory.hpp): the devices' defaults
+  // and the model-parallel stream.
+  RngState capture_rng() const {
     ChargeTo instrument(nullptr);
-    return RngState::capture();
+    return RngState::capture(generators());
+  }
+  // The generators besides the devices' defaults that a checkpoint must replay (SegmentCall::generators).
+  std::vector<at::Generator> generators() const {
+    return tracker_ ? tracker_->generators() : std::vector<at::Generator>{};
+  }
+  static ParallelFault parallel_fault_of(const Case& c) {
+    const ImplInfo* info = find_impl(c.impl);
+    return info ? info->parallel_fault : ParallelFault::none;
+  }
+  static std::unique_ptr<dist::RngTracker> make_tracker(const ParallelRun& par, const Case& c, ParallelFault f) {
+    auto t = std::make_unique<dist::RngTracker>();
+    // The fault tracker-same-seed: the seed without the rank, as a framework that forgot to add it.
+    t->add(kModelParallelStream, f == ParallelFault::same_stream_seed ? c.seed + 2718 : par.stream_seed());
+    return t;
+  }
+  static TensorShard make_shard(const ParallelRun& par, dist::RngTracker* tracker,
+                                std::shared_ptr<dist::CollectiveLedger> ledger, ParallelFault f) {
+    TensorShard s;
+    s.rank = par.rank(), s.size = par.size(), s.tracker = tracker;
+    s.replicated_from_stream = f == ParallelFault::replicated_from_stream;
+    s.region = std::make_shared<dist::ParallelRegion>();
+    s.region->group = par.run_group();
+    s.region->ledger = std::move(ledger);
+    return s;
   }
 
   // Level after a unit of the first forward (not during a recompute, which runs in backward).
@@ -784,6 +839,9 @@ class Trainer {
   SiteTap tap_;
   EffectState effects_;
   std::string log_dir_;
+  ParallelFault parallel_fault_;
+  std::unique_ptr<dist::RngTracker> tracker_;            // tp > 1: the model-parallel stream
+  std::shared_ptr<dist::CollectiveLedger> collectives_;  // tp > 1: every collective the run issued
   TransformerImpl model_;
   std::vector<torch::Tensor> params_;
   std::shared_ptr<std::vector<int>> hook_calls_;

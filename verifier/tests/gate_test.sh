@@ -312,5 +312,25 @@ grep -q "cannot apply with the other fields at their defaults: .*seqvar=1 needs 
   { bad "--only contradiction not named"; cat err.txt; }
 expect 0 "--only shapes that vary across micro-batches" -- "$ck" check --cases 10 --only micro=2 --only seqvar=1
 
+# Tensor-parallel Cases (docs/parallel.md): tp=2 runs as two ranks and is judged on the gathered records;
+# a rank that crashes is a completes finding naming it, and leaves no rank behind; the commands that do not
+# run ranks refuse such a Case (exit 2); a fault modelled on Megatron's unreplayed tracker is caught.
+expect 0 "check --only tp=2 on the builtin" -- "$ck" check --cases 6 -j 2 --only tp=2 --json tp2.json
+grep -q "^held  parallel-consistency on 6/6 cases" out.txt || { bad "tp=2: parallel-consistency not judged on every case"; cat out.txt; }
+grep -q "^held  collective-ledger on 6/6 cases" out.txt || { bad "tp=2: collective-ledger not judged on every case"; cat out.txt; }
+expect 1 "a plugin that segfaults on ranks" -- "$ck" check --impl "$mis:mode=segv" --plan block --only tp=2 --cases 2 -j 2 \
+  --time-budget 20 --json tp-segv.json
+grep -q "^FAILED completes" out.txt || { bad "tp segv: headline"; cat out.txt; }
+grep -q "ran as 2 ranks and rank [01] crashed (signal 11" tp-segv.json || { bad "tp segv: the rank and signal not named"; cat out.txt; }
+sleep 1
+pgrep -f "ckverify rank --case" >/dev/null && bad "tp segv: a rank outlived the run"
+"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 > tp.json
+expect 2 "train refuses a tp=2 Case" -- "$ck" train tp.json
+one_line_error "train of a tp=2 Case"
+grep -q "runs as ranks" err.txt || { bad "train tp=2: the reason"; cat err.txt; }
+python3 -c "import json; c=json.load(open('tp.json')); c['impl']='tracker-not-replayed'; json.dump(c,open('tp-fault.json','w'))"
+expect 1 "repro of a tp=2 Case under tracker-not-replayed" -- "$ck" repro tp-fault.json
+grep -q "^FAILED rng-replay" out.txt || { bad "tracker-not-replayed: not rng-replay"; cat out.txt; }
+
 echo "gate_test: $fails failure(s)"
 exit $((fails > 0))

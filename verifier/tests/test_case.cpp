@@ -389,14 +389,14 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
   {
     Case probe;
     auto& [model, dropout, dropout_impl, seed, batch, seq, seqvar, steps, micro, sched, lr, opt, resume, input_frozen,
-           freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, precision, device, plan, impl] = probe;
+           freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, tp, precision, device, plan, impl] = probe;
     auto& [layers, d_model, heads, ffn_mult, vocab, norm, placement, attention, causal, activation, loss, tie,
            key_padding, aux_weight, effects, segout, rand] = probe.model;
     (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)seqvar, (void)steps,
         (void)micro;
     (void)sched, (void)lr, (void)opt, (void)resume, (void)input_frozen, (void)freeze, (void)hook, (void)gp;
-    (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)precision, (void)device, (void)plan,
-        (void)impl, (void)layers, (void)d_model, (void)heads;
+    (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)tp, (void)precision, (void)device,
+        (void)plan, (void)impl, (void)layers, (void)d_model, (void)heads;
     (void)ffn_mult, (void)vocab, (void)norm, (void)placement, (void)attention, (void)causal, (void)activation;
     (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects, (void)segout, (void)rand;
   }
@@ -438,6 +438,7 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
       {"inplace", [](Case& c) { c.inplace = true; }},
       {"inplace_on", [](Case& c) { c = case_from_line(to_line(c) + " segio=multi inplace=true inplace_on=mask"); }},
       {"inplace_micro", [](Case& c) { c.inplace = true, c.inplace_micro = 1; }},
+      {"tp", [](Case& c) { c.tp = 2; }},
       {"segin", [](Case& c) { c.segin = SegIn::view; }},
       {"precision", [](Case& c) { c.precision = Precision::bf16; }},
       {"device", [](Case& c) { c.device = "cuda:1"; }},
@@ -458,6 +459,38 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
     EXPECT_EQ(case_from_line(to_line(c)), c) << member;
     EXPECT_EQ(to_json(case_from_json(to_json(c))), to_json(c)) << member;
   }
+}
+
+}  // namespace
+}  // namespace ckv
+
+namespace ckv {
+namespace {
+
+// tp: 1, 2 or 4, on a model that splits (heads and the FFN width divide by it), on the CPU, without
+// what ranks do not run yet; each refusal names the rule.
+TEST(CaseTp, ValidatesWhatRanksCanRun) {
+  const std::string base = "layers=2 d=8 heads=2 ffn=2 ";
+  EXPECT_EQ(case_from_line(base + "tp=2").tp, 2);
+  EXPECT_EQ(to_line(case_from_line(base + "tp=1")).find("tp="), std::string::npos);  // the default is not printed
+  auto refused = [&](const std::string& extra, const std::string& names) {
+    try {
+      case_from_line(base + extra);
+      ADD_FAILURE() << extra << " was accepted";
+    } catch (const CaseError& e) {
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+    }
+  };
+  refused("tp=3", "tp=3 is not one of 1|2|4");
+  refused("tp=4", "heads divisible");
+  refused("tp=2 heads=1 d=6 ffn=1", "heads divisible");
+  EXPECT_EQ(case_from_line(base + "tp=4 heads=4 d=8 ffn=1").tp, 4);
+  refused("tp=2 device=cuda", "device=cpu");
+  refused("tp=2 gp=0.1", "gp=0");
+  refused("tp=2 inplace=true", "inplace=false");
+  refused("tp=2 steps=2 resume=1", "resume=0");
+  EXPECT_EQ(tp_error(case_from_line("heads=1 d=6 ffn=1 attn=off").model, 4),
+            "tp=4 needs the FFN width divisible by it (d x ffn=6: each rank holds d_ff/tp hidden units)");
 }
 
 }  // namespace

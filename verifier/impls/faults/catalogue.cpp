@@ -22,7 +22,9 @@ const std::vector<ImplEntry>& catalogue() {
       carry_input_grads(),       rng_ring(),
       static_shape_pad(),        thread_recompute_cache(),
       leaf_output_dropped(),     engine_only_rng(),
-      step_weight_stash(),
+      step_weight_stash(),       tracker_not_replayed(),
+      tracker_left_advanced(),   tracker_same_seed(),
+      replicated_from_stream(),  reentrant_two_pass(),
   };
   return v;
 }

@@ -13,6 +13,7 @@ struct State : torch::CustomClassHolder {
   std::vector<c10::IValue> args;
   std::vector<size_t> tensor_slots;  // which args are the Function's tensor inputs, in order
   ReentrantVariant v;
+  std::vector<at::Generator> generators;  // SegmentCall::generators: replayed with the devices' defaults
   RngState rng;
   compat::AutocastState autocast;
   SegmentState segment;  // what modules inside fn keep from the forward for the recompute
@@ -79,6 +80,10 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
     if (!attached)
       for (size_t k = 0; k < inputs.size(); ++k)
         if (need_input[k] && inputs[k].requires_grad()) targets.push_back(inputs[k]), slot.push_back(k);
+    if (st->v.two_pass && !targets.empty()) {  // the inputs first, keeping the graph for the parameters
+      differentiate(st->v, outs, grad_outputs, targets, slot, create_graph, grads, /*retain=*/true);
+      targets.clear(), slot.clear();
+    }
     for (size_t i = 0; i < params.size(); ++i)
       if (need_param[i]) targets.push_back(params[i]), slot.push_back(n_inputs + i);
     differentiate(st->v, outs, grad_outputs, targets, slot, create_graph, grads);
@@ -91,7 +96,7 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
   // history attached). Either is a leaf exactly when the input is (autocast caches the casts of fp32
   // leaves that require grad, so the recompute casts what the forward cast), unless leaf_inputs.
   static std::vector<torch::Tensor> recompute(State& st, bool detach, std::vector<torch::Tensor>& inputs) {
-    checkpoint_detail::GlobalStateGuard guard(/*rng=*/true);
+    checkpoint_detail::GlobalStateGuard guard(/*rng=*/true, st.generators);
     st.rng.restore();
     compat::ScopedAutocastState autocast(st.v.replay_autocast ? st.autocast : compat::AutocastState::current());
     torch::AutoGradMode grad_on(true);
@@ -119,15 +124,16 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
   static void differentiate(const ReentrantVariant& v, const std::vector<torch::Tensor>& outs,
                             const torch::autograd::variable_list& grad_outputs,
                             const std::vector<torch::Tensor>& targets, const std::vector<size_t>& slot,
-                            bool create_graph, torch::autograd::variable_list& grads) {
+                            bool create_graph, torch::autograd::variable_list& grads, bool retain = false) {
     std::vector<torch::Tensor> out_sel, grad_sel;
     for (size_t i = 0; i < outs.size() && i < grad_outputs.size(); ++i)
       if (outs[i].requires_grad() && (!v.outputs_with_grad_fn_only || outs[i].grad_fn()) && grad_outputs[i].defined())
         out_sel.push_back(outs[i]), grad_sel.push_back(grad_outputs[i]);
     if (targets.empty() || out_sel.empty()) return;
     torch::AutoGradMode grad_mode(create_graph);
-    const auto g = torch::autograd::grad(out_sel, targets, grad_sel, /*retain_graph=*/create_graph, create_graph,
-                                         /*allow_unused=*/true);
+    const auto g =
+        torch::autograd::grad(out_sel, targets, grad_sel, /*retain_graph=*/create_graph || retain, create_graph,
+                              /*allow_unused=*/true);
     for (size_t k = 0; k < g.size(); ++k) grads[slot[k]] = g[k];
   }
 };
@@ -140,7 +146,8 @@ std::vector<torch::Tensor> ReentrantCheckpoint::run(const SegmentCall& call) {
   st->fn = call.fn;
   st->args = call.args;
   st->v = v_;
-  st->rng = RngState::capture();
+  st->generators = call.generators;
+  st->rng = RngState::capture(call.generators);
   st->autocast = compat::AutocastState::current();
   std::vector<torch::Tensor> inputs;
   for (size_t i = 0; i < call.args.size(); ++i)

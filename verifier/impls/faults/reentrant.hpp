@@ -34,6 +34,10 @@ struct ReentrantVariant {
   // grad: an output that is a detached input itself (a leaf, as a tensor the segment passes through
   // untouched is in the recompute) gets no gradient.
   bool outputs_with_grad_fn_only = false;
+  // Differentiate the recompute in two passes, the inputs first (keeping the graph) and then the
+  // parameters: the gradients are right, but every backward function of the recomputed graph runs twice,
+  // a tensor-parallel region's backward all-reduce included.
+  bool two_pass = false;
 };
 
 class ReentrantCheckpoint : public CheckpointImpl {
