@@ -17,6 +17,8 @@ cd "$tmp"
 # nor a gradient penalty (examples/plugin/README.md).
 "$ck" check --impl "$out/libexample_checkpoint.so" --only hook=none --cases 300 --time-budget 300
 "$ck" check --impl "$out/libexample_checkpoint.so" --only tie=none --only gp=0 --cases 300 --time-budget 300
+# Tensor-parallel Cases (docs/parallel.md): the plugin replays the model-parallel stream it is shown.
+"$ck" check --impl "$out/libexample_checkpoint.so" --only tp=2 --only hook=none --cases 20 --time-budget 300
 set +e
 "$ck" check --impl "$out/libexample_buggy.so" --cases 300 --time-budget 300 > buggy.txt 2>&1
 code=$?
@@ -27,6 +29,7 @@ fi
 # The strategy plugin: the correct grouping passes every property (fx Cases included: ckv::checkpoint
 # marks its recomputes); the off-by-one grouping fails recompute-count, naming the block run twice.
 "$ck" check --strategy "$out/libexample_strategy.so:segments=2" --cases 100 --time-budget 300
+"$ck" check --strategy "$out/libexample_strategy.so:segments=2" --only tp=2 --cases 10 --time-budget 300
 "$ck" check --strategy "$out/libexample_strategy.so:segments=3" --only layers=7 --cases 30 --time-budget 300
 set +e
 # A block run twice also redraws its dropout masks (rng-replay fails first, in report order):

@@ -162,8 +162,10 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
   const auto tp = gen::map(gen::inRange(0, kTpDraws), [](int i) {
     return i >= kTpDraws - 1 ? 4 : i >= kTpDraws - 3 ? 2 : 1;
   });
+  const auto tpkeep = pick(TpKeep::none, TpKeep::reduced);  // a tensor-parallel Case's selective plan, or not
   return gen::map(
-      gen::tuple(gen_deep(), shallow, segout, rand, tp), [o](std::tuple<DeepShape, Case, SegOut, RandOp, int> dc) {
+      gen::tuple(gen_deep(), shallow, segout, rand, tp, tpkeep),
+      [o](std::tuple<DeepShape, Case, SegOut, RandOp, int, TpKeep> dc) {
         Case c = std::move(std::get<1>(dc));
         apply_deep(std::get<0>(dc), c);
         c.model.segout = std::get<2>(dc);
@@ -179,7 +181,8 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
         if (c.tp > 1) {
           // What ranks do not run yet (case.cpp), and a model that splits: tp heads (each of the drawn head
           // dimension), so d and the FFN width divide by tp too.
-          c.gp = 0.0, c.inplace = false, c.resume = 0;
+          c.gp = 0.0, c.inplace = false;
+          c.tpkeep = std::get<5>(dc);
           if (c.model.heads % c.tp != 0) {
             c.model.d_model = c.model.d_model / c.model.heads * c.tp;
             c.model.heads = c.tp;

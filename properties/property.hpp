@@ -6,6 +6,7 @@
 // autocast state also breaks every gradient after it, so the site is named before the consequence.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -45,6 +46,21 @@ std::vector<Finding> judge_all(const Observations& o);
 // The gate for one Case: observe (run stage), then judge_all. Throws EnvironmentError (the Case cannot
 // run here) and std::runtime_error (the baseline failed: a ckverify bug).
 std::vector<Finding> check_case(const Case& c, CheckpointImpl& impl);
+
+// Findings as one line of JSON (the answer of a worker or a rank) and back; findings_from_line throws
+// on a malformed line (nlohmann::json's errors).
+std::string findings_to_line(const std::vector<Finding>& fs);
+std::vector<Finding> findings_from_line(const std::string& line);
+
+// The gate for a Case with tp > 1 (docs/parallel.md): tp processes of `exe` (ckverify, whose hidden
+// subcommand `rank` runs one rank), started and accounted for by dist::run_ranks in a temporary directory
+// of their own; rank 0 judges the gathered observations. A rank that crashes, fails or hangs is a
+// `completes` finding naming it; throws EnvironmentError or std::runtime_error (a ckverify bug) where a
+// rank reported one. `ranks_deadline`: when the ranks are killed as hung.
+std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe,
+                                         std::chrono::seconds ranks_deadline = std::chrono::seconds(900));
+// The answer file rank `rank` writes in the ranks' directory `dir`.
+std::string rank_answer_path(const std::string& dir, int rank);
 
 // The properties, one per file (registered in registry.cpp).
 Property rng_replay_property();

@@ -11,6 +11,7 @@
 #include "properties/compare.hpp"
 #include "properties/property.hpp"
 #include "properties/replay.hpp"
+#include "verifier/model/shard.hpp"
 
 namespace ckv {
 namespace {
@@ -83,7 +84,14 @@ Finding judge(const Observations& o) {
                     n, known.sum().item<int64_t>(),
                     100.0 * static_cast<double>(n) / static_cast<double>(r.mask.numel()), where.index(flat),
                     f.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped",
-                    r.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped"));
+                    r.mask.reshape({-1})[flat].item<bool>() ? "kept" : "dropped") +
+            // Inside a tensor-parallel region the mask comes from the model-parallel stream, which only
+            // a checkpoint that replays the generators it is shown draws again.
+            (o.c.tp > 1 && site_shard_dim(r.site) >= 0
+                 ? "; the site is inside a tensor-parallel region and draws from the model-parallel stream: the "
+                   "checkpoint must replay the generators each call shows (SegmentCall::generators; "
+                   "segment.generators in Python), as it replays the default generator"
+                 : ""));
   }
   // Noise modules and jitter: the recompute's eps must be the first forward's, bitwise (same generator
   // position).

@@ -64,7 +64,15 @@ class GroupedStrategy : public ckv::CheckpointImpl {
         for (const auto& block : group) out = block({out.at(0)});
         return out;
       };
-      h = ckv::checkpoint(fn, {h}).at(0);
+      // The generators the blocks draw from besides the defaults (a tensor-parallel run's model-parallel
+      // stream) are replayed with them: the recompute then draws the masks the forward drew.
+      ckv::CheckpointOptions options;
+      for (int i = start; i < stop; ++i)
+        for (const at::Generator& g : call.blocks[static_cast<size_t>(i)].generators)
+          if (std::none_of(options.generators.begin(), options.generators.end(),
+                           [&](const at::Generator& o) { return o == g; }))
+            options.generators.push_back(g);
+      h = ckv::checkpoint(fn, {h}, options).at(0);
       start = stop;
     }
     return h;

@@ -55,6 +55,7 @@ constexpr Names<Optimizer, 2> kOpt{{{Optimizer::sgd, "sgd"}, {Optimizer::adam, "
 constexpr Names<InplaceOn, 3> kInplaceOn{
     {{InplaceOn::input, "input"}, {InplaceOn::mask, "mask"}, {InplaceOn::param, "param"}}};
 constexpr Names<SegIn, 2> kSegIn{{{SegIn::plain, "plain"}, {SegIn::view, "view"}}};
+constexpr Names<TpKeep, 2> kTpKeep{{{TpKeep::none, "none"}, {TpKeep::reduced, "reduced"}}};
 constexpr Names<SegIO, 2> kSegIO{{{SegIO::single, "single"}, {SegIO::multi, "multi"}}};
 // The model's enums are spelled once, in reference/config.hpp.
 constexpr const Names<NormKind, 2>& kNorm = kNormNames;
@@ -367,6 +368,11 @@ const std::vector<Field>& fields() {
       f.values = "1|2|4";
       t.push_back(f);
     }
+    t.push_back(enum_field(
+        "tpkeep",
+        "tp > 1: what a checkpointed segment keeps of its tensor-parallel regions: nothing, or each forward "
+        "all-reduce's output (the recompute then runs only local ops, no collective)",
+        kTpKeep, [](Case& c) -> TpKeep& { return c.tpkeep; }, false));
     t.push_back(enum_field("prec", "precision: fp32, or the forward under bf16 / fp16 autocast", kPrec,
                            [](Case& c) -> Precision& { return c.precision; }));
     {
@@ -539,6 +545,9 @@ std::string_view to_string(InplaceOn v) {
 std::string_view to_string(SegIn v) {
   return name_of(kSegIn, v);
 }
+std::string_view to_string(TpKeep v) {
+  return name_of(kTpKeep, v);
+}
 
 std::vector<CaseFieldInfo> case_field_infos() {
   std::vector<CaseFieldInfo> out;
@@ -632,8 +641,10 @@ void validate(const Case& c) {
     needs(c.device == "cpu", "runs its ranks' collectives over Gloo on the CPU: it needs device=cpu");
     needs(c.gp == 0.0, "needs gp=0 (the collectives' backward is not differentiable a second time)");
     needs(!c.inplace, "needs inplace=false (the in-place experiments are not built for ranks yet)");
-    needs(c.resume == 0, "needs resume=0 (resuming ranks is not built yet)");
   }
+  if (c.tpkeep != TpKeep::none && c.tp < 2)
+    fail("tpkeep=" + std::string(to_string(c.tpkeep)) +
+         " needs tp > 1 (it keeps the tensor-parallel all-reduces' outputs)");
   constexpr double kMaxBytes = 32.0 * (1ull << 30);
   if (const double b = estimated_bytes(c); b > kMaxBytes)
     fail("the case needs about " + shortest(std::round(b / (1 << 30))) +

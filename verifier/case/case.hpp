@@ -47,6 +47,11 @@ enum class InplaceOn { input, mask, param };
 // non-contiguous view with a storage offset of an equal-valued buffer (a view of a padded tensor, as a
 // slice of a larger activation is).
 enum class SegIn { plain, view };
+// What a checkpointed segment keeps of its tensor-parallel regions (tp > 1): nothing (the recompute runs
+// every region again, its forward all-reduce included), or each region's forward all-reduce output, so
+// that the recompute runs only the rank's local ops (the selective plan that saves the communicated
+// result; dist::leave_parallel's keep_in_checkpoint).
+enum class TpKeep { none, reduced };
 
 inline constexpr double kAuxWeight = 0.01;  // segio=multi: aux loss weight per block
 inline constexpr double kClipHook = 0.01;   // hook=clip bound
@@ -61,6 +66,7 @@ std::string_view to_string(SegIO v);
 std::string_view to_string(Optimizer v);
 std::string_view to_string(InplaceOn v);
 std::string_view to_string(SegIn v);
+std::string_view to_string(TpKeep v);
 
 class CaseError : public std::invalid_argument {
  public:
@@ -102,6 +108,7 @@ struct Case {
   // Tensor-parallel degree (docs/parallel.md): 1, or the Case runs as tp processes joined over Gloo, each
   // holding heads/tp of the attention heads and d_ff/tp of the FFN (model/shard.hpp).
   int tp = 1;
+  TpKeep tpkeep = TpKeep::none;
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
   Plan plan;
   std::string impl = "builtin";

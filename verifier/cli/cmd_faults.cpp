@@ -14,7 +14,7 @@
 
 namespace ckv::cli {
 
-constexpr int kRankFaultShrinkRuns = 40;
+constexpr int kRankFaultShrinkRuns = 8;
 
 CLI::App* add_faults(CLI::App& app, FaultsArgs& a) {
   CLI::App* faults = app.add_subcommand(

@@ -55,33 +55,6 @@ std::string self_exe() {
 
 }  // namespace
 
-std::string findings_to_line(const std::vector<Finding>& fs) {
-  json a = json::array();
-  for (const auto& f : fs) {
-    a.push_back(
-        {{"p", f.property}, {"h", f.held}, {"a", f.applicable}, {"w", f.where}, {"d", f.detail}, {"s", f.step}});
-    if (!f.trace.empty()) a.back()["t"] = f.trace;
-  }
-  return json{{"findings", a}}.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-std::vector<Finding> findings_from_line(const std::string& line) {
-  const json j = json::parse(line);
-  std::vector<Finding> fs;
-  for (const auto& f : j.at("findings")) {
-    Finding x;
-    x.property = f.at("p").get<std::string>();
-    x.held = f.at("h").get<bool>();
-    x.applicable = f.at("a").get<bool>();
-    x.where = f.at("w").get<std::string>();
-    x.detail = f.at("d").get<std::string>();
-    x.step = f.at("s").get<int>();
-    if (f.contains("t")) x.trace = f.at("t").get<std::string>();
-    fs.push_back(std::move(x));
-  }
-  return fs;
-}
-
 namespace {
 // The worker's private ends of the channel, moved off fd 0 and fd 3 before any implementation code runs.
 int request_fd = -1, answer_fd = -1;

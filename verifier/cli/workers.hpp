@@ -83,7 +83,5 @@ bool process_stopped(pid_t pid);
 std::string channel_token();
 
 // The Findings of one Case as one JSON line and back (the worker protocol).
-std::string findings_to_line(const std::vector<Finding>& fs);
-std::vector<Finding> findings_from_line(const std::string& line);
 
 }  // namespace ckv::cli

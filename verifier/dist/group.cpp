@@ -82,6 +82,14 @@ void Group::check_same_on_every_rank(const torch::Tensor& t, const char* what) c
 void Group::all_reduce_sum_(torch::Tensor& t) const {
   if (!t.is_contiguous()) throw std::invalid_argument("dist: all_reduce of a non-contiguous tensor");
   check_same_on_every_rank(t, "all_reduce");
+  // bf16 and fp16 (an autocast region's partial sums) are summed in fp32 and rounded once: Gloo in
+  // LibTorch 1.13 has no bf16 reduction ("Invalid scalar type"), and both builds then sum alike.
+  if (t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf) {
+    std::vector<torch::Tensor> wide{t.to(torch::kFloat)};
+    impl_->pg->allreduce(wide)->wait();
+    t.copy_(wide[0]);
+    return;
+  }
   std::vector<torch::Tensor> ts{t};
   impl_->pg->allreduce(ts)->wait();
 }

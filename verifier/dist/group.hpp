@@ -34,7 +34,8 @@ class Group {
   const std::string& name() const { return name_; }
 
   // Collectives throw on every rank when the ranks pass tensors of other sizes or dtypes.
-  void all_reduce_sum_(torch::Tensor& t) const;                         // in place; t must be contiguous
+  // In place; t must be contiguous. bf16 and fp16 are summed in fp32 and rounded once.
+  void all_reduce_sum_(torch::Tensor& t) const;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t) const;  // every rank's t, in rank order
   void barrier() const;
 

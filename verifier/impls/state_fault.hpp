@@ -13,6 +13,7 @@ enum class StateFault {
   no_optimizer,      // optimizer state not saved
   no_running_stats,  // BatchNorm running statistics not saved
   no_accumulation,   // the position inside the step lost: saved as the step's start, so it runs again
+  no_streams,        // the model-parallel RNG tracker's streams not saved (tp > 1): they restart from the seed
 };
 
 }  // namespace ckv

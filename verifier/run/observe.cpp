@@ -373,15 +373,24 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
       // case; cli_tests carries it through real files and separate processes.
       std::string bytes;
       {
-        Trainer first(c, o, &impl, Mode::normal, -1);
+        Trainer first(c, o, &impl, Mode::normal, -1, par);
         first.advance_to(c.resume);
         bytes = encode_state(first.save_state(fault));
       }
-      Trainer second(c, o, &impl, Mode::normal, -1);
+      Trainer second(c, o, &impl, Mode::normal, -1, par);
       second.load_state(decode_state(bytes, c));
       o.resume_exp.steps = second.advance_to(c.steps * c.micro);
     } catch (const std::exception& e) {
       o.resume_exp.error = first_line(e.what());
+    }
+    if (par) {  // each rank saved and resumed its own shard: the steps gathered, an error named by rank
+      RunRecord r;
+      r.completed = o.resume_exp.error.empty();
+      r.error = o.resume_exp.error;
+      r.steps = std::move(o.resume_exp.steps);
+      par->gather(r);
+      o.resume_exp.steps = std::move(r.steps);
+      o.resume_exp.error = r.completed ? "" : r.error;
     }
   }
 

@@ -46,7 +46,8 @@ std::vector<std::vector<double>> ParallelRun::vectors(const std::vector<double>&
     sizes.push_back(t.item<int64_t>());
     longest = std::max(longest, sizes.back());
   }
-  torch::Tensor padded = torch::zeros({longest}, torch::kDouble);
+  // At least one element: Gloo in LibTorch 1.13 divides by the element count (SIGFPE on empty tensors).
+  torch::Tensor padded = torch::zeros({std::max<int64_t>(longest, 1)}, torch::kDouble);
   std::copy(mine.begin(), mine.end(), padded.data_ptr<double>());
   std::vector<std::vector<double>> out;
   const std::vector<torch::Tensor> all = world_->all_gather(padded);

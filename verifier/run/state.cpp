@@ -91,6 +91,7 @@ std::string encode_state(const TrainingState& s) {
   w.i64("cache_calls", s.cache_calls);
   w.bytes("log", s.log.data(), s.log.size());
   for (size_t i = 0; i < s.rng.size(); ++i) w.bytes("rng." + std::to_string(i), s.rng[i].data(), s.rng[i].size());
+  for (const auto& [name, state] : s.streams) w.bytes("stream." + name, state.data(), state.size());
   json entries = json::array();
   for (const auto& e : w.entries) {
     json j = {{"name", e.name}, {"type", e.type}, {"count", e.count}};
@@ -220,6 +221,9 @@ TrainingState decode_state(const std::string& bytes, const Case& c) {
       s.log.assign(p, e.count);
     else if (n.rfind("rng.", 0) == 0 && e.type == "u8")
       s.rng.emplace_back(reinterpret_cast<const uint8_t*>(p), reinterpret_cast<const uint8_t*>(p) + e.count);
+    else if (n.rfind("stream.", 0) == 0 && n.size() > 7 && e.type == "u8")
+      s.streams.emplace_back(n.substr(7), std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(p),
+                                                               reinterpret_cast<const uint8_t*>(p) + e.count));
     else
       fail("corrupted (unknown entry \"" + sanitize(n) + "\" of type " + e.type + ")");
   }

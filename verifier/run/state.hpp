@@ -45,6 +45,9 @@ struct TrainingState {
   std::vector<int64_t> counter, external, cache_calls;  // per layer
   std::string log;
   std::vector<std::vector<uint8_t>> rng;  // empty when not saved
+  // tp > 1: the model-parallel RNG tracker's streams (name, generator state), this rank's; empty when
+  // not saved.
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> streams;
 };
 
 // What a state belongs to: the Case without what may change across a resume (steps, the save

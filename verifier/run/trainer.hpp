@@ -114,7 +114,7 @@ class Trainer {
         tracker_(par ? make_tracker(*par, c, parallel_fault_) : nullptr),
         collectives_(par ? std::make_shared<dist::CollectiveLedger>() : nullptr),
         model_(c.model, &tap_, &effects_,
-               par ? make_shard(*par, tracker_.get(), collectives_, parallel_fault_) : TensorShard{}) {
+               par ? make_shard(*par, c, tracker_.get(), collectives_, parallel_fault_) : TensorShard{}) {
     const size_t layers = static_cast<size_t>(c.model.layers);
     effects_.counter.assign(layers, 0);
     effects_.external.assign(layers, 0);
@@ -259,6 +259,11 @@ class Trainer {
       s.rng = rng_before_step_.bytes();
     else if (f != StateFault::no_rng)
       s.rng = rng_.bytes();
+    if (tracker_ && f != StateFault::no_streams)
+      for (const auto& [name, state] : tracker_->states()) {
+        const torch::Tensor b = state.contiguous().to(torch::kUInt8);
+        s.streams.emplace_back(name, std::vector<uint8_t>(b.data_ptr<uint8_t>(), b.data_ptr<uint8_t>() + b.numel()));
+      }
     return s;
   }
   // Continues from a loaded state (this trainer must be fresh). Throws StateError when the state does
@@ -278,7 +283,7 @@ class Trainer {
       throw StateError("state file: position " + std::to_string(s.position) + " is outside this Case's " +
                        std::to_string(c_.steps * c_.micro) + " micro-batches");
     const size_t P = params_.size(), L = static_cast<size_t>(c_.model.layers);
-    model_.load(s.params);
+    model_.load(s.params, /*shard_values=*/true);  // a rank's state holds its own shard (save_state)
     if (!s.grads.items.empty()) {
       same_layout(s.grads, "gradients");
       if (s.grad_defined.size() != P || s.hook_calls.size() != P)
@@ -310,6 +315,17 @@ class Trainer {
         rng_ = RngState::from_bytes(s.rng);
       } catch (const std::invalid_argument& e) {
         throw StateError(std::string("state file: ") + e.what());
+      }
+    }
+    if (!s.streams.empty()) {
+      if (!tracker_) throw StateError("state file: it holds random streams of a tensor-parallel run (tp > 1)");
+      std::vector<std::pair<std::string, torch::Tensor>> states;
+      for (const auto& [name, bytes] : s.streams)
+        states.emplace_back(name, torch::tensor(std::vector<int64_t>(bytes.begin(), bytes.end())).to(torch::kUInt8));
+      try {
+        tracker_->set_states(states);
+      } catch (const std::exception& e) {
+        throw StateError(std::string("state file: its random streams do not fit this run: ") + first_line(e.what()));
       }
     }
     position_ = s.position;
@@ -763,11 +779,12 @@ class Trainer {
     t->add(kModelParallelStream, f == ParallelFault::same_stream_seed ? c.seed + 2718 : par.stream_seed());
     return t;
   }
-  static TensorShard make_shard(const ParallelRun& par, dist::RngTracker* tracker,
+  static TensorShard make_shard(const ParallelRun& par, const Case& c, dist::RngTracker* tracker,
                                 std::shared_ptr<dist::CollectiveLedger> ledger, ParallelFault f) {
     TensorShard s;
     s.rank = par.rank(), s.size = par.size(), s.tracker = tracker;
     s.replicated_from_stream = f == ParallelFault::replicated_from_stream;
+    s.keep_reduced = c.tpkeep == TpKeep::reduced;
     s.region = std::make_shared<dist::ParallelRegion>();
     s.region->group = par.run_group();
     s.region->ledger = std::move(ledger);

@@ -331,6 +331,21 @@ grep -q "runs as ranks" err.txt || { bad "train tp=2: the reason"; cat err.txt; 
 python3 -c "import json; c=json.load(open('tp.json')); c['impl']='tracker-not-replayed'; json.dump(c,open('tp-fault.json','w'))"
 expect 1 "repro of a tp=2 Case under tracker-not-replayed" -- "$ck" repro tp-fault.json
 grep -q "^FAILED rng-replay" out.txt || { bad "tracker-not-replayed: not rng-replay"; cat out.txt; }
+# The selective plan (tpkeep=reduced): the builtin's recompute issues no collective; without it, it
+# repeats the forward all-reduces.
+"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 tpkeep=reduced > tp-keep.json
+expect 0 "repro of a tp=2 tpkeep=reduced Case" -- "$ck" repro tp-keep.json
+grep -q "^held  collective-ledger: rank 0 issued 4 forward, 0 recompute and 4 backward" out.txt ||
+  { bad "tpkeep=reduced: the recompute communicated"; cat out.txt; }
+expect 0 "repro of a tp=2 Case" -- "$ck" repro tp.json
+grep -q "^held  collective-ledger: rank 0 issued 4 forward, 4 recompute and 4 backward" out.txt ||
+  { bad "tp=2: the recompute's collectives not counted"; cat out.txt; }
+# A rank that hangs: the per-case timeout ends the Case as a finding, and takes every rank with it.
+expect 1 "a plugin that hangs on ranks" -- "$ck" check --impl "$mis:mode=hang" --plan block --only tp=2 --cases 1 -j 2 \
+  --case-timeout 5 --time-budget 15 --json tp-hang.json
+grep -q "per-case timeout of 5 s" tp-hang.json || { bad "tp hang: timeout not named"; cat out.txt; }
+sleep 1
+pgrep -f "ckverify rank --case" >/dev/null && bad "tp hang: a rank outlived the run"
 
 echo "gate_test: $fails failure(s)"
 exit $((fails > 0))

@@ -23,10 +23,12 @@ tuc=py:torch.utils.checkpoint:checkpoint
 expect 1 "use_reentrant=false: the default gate" -- "$ck" check --impl $tuc:use_reentrant=false --cases 300 --time-budget 120
 grep -q "^FAILED side-effect-once" out.txt || { bad "use_reentrant=false headline"; cat out.txt; }
 grep -q "bn.running_mean" out.txt || bad "the BatchNorm statistics are not named"
+# Without tensor parallelism (tp=1): called plainly, torch.utils.checkpoint replays the default generators
+# only, not the model-parallel stream of a tp Case (below).
 expect 0 "use_reentrant=false without side-effecting modules" -- "$ck" check --impl $tuc:use_reentrant=false --only fx=none \
-  --cases 300 --time-budget 150 --json nonreentrant.json
+  --only tp=1 --cases 300 --time-budget 150 --json nonreentrant.json
 expect 0 "use_reentrant=true within its documented limits" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none \
-  --only gp=0 --only input=trainable --only hook=none --only prec=fp32 --cases 300 --time-budget 150
+  --only gp=0 --only input=trainable --only hook=none --only prec=fp32 --only tp=1 --cases 300 --time-budget 150
 # Parameters edited in place between micro-batches: both modes recompute from the values their forward read.
 for mode in false true; do
   limits=(); [ $mode = true ] && limits=(--only gp=0 --only input=trainable --only hook=none --only prec=fp32)
@@ -78,6 +80,18 @@ expect 0 "train: TMPDIR left clean" -- env TMPDIR="$PWD/tmpd" "$ck" train tmpd-c
 
 expect 0 "torch's checkpoint marking its recomputes passes fx Cases" -- "$ck" check --impl py:ckverify.adapters:torch_checkpoint \
   --only fx=counter,log,bn,cache,noise --only batch=2 --only seq=4 --cases 60 --time-budget 100
+# Tensor-parallel Cases: the adapter hands torch's checkpoint the model-parallel stream the segment shows
+# (context_fn); torch.utils.checkpoint called plainly replays the default generators only, and draws new
+# masks inside the tensor-parallel regions (why Megatron checkpoints with its own function).
+expect 0 "torch's checkpoint through the adapter on tp=2 Cases" -- "$ck" check --impl py:ckverify.adapters:torch_checkpoint \
+  --only tp=2 --only fx=none --cases 6 --time-budget 150
+"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 > tp-plain.json
+python3 -c "import json,sys; c=json.load(open('tp-plain.json')); c['impl']=sys.argv[1]; json.dump(c,open('tp-plain.json','w'))" \
+  "$tuc:use_reentrant=false"
+expect 1 "torch.utils.checkpoint not told of the tracker on a tp=2 Case" -- "$ck" repro tp-plain.json
+grep -q "^FAILED rng-replay" out.txt || { bad "plain torch checkpoint on tp=2: not rng-replay"; cat out.txt; }
+grep -q "inside a tensor-parallel region and draws from the model-parallel stream" out.txt ||
+  { bad "plain torch checkpoint on tp=2: the stream not named"; cat out.txt; }
 expect 1 "a recompute marked as a first forward fails side-effect-once" -- "$ck" check \
   --impl py:ckverify_test_impls:forgets_recompute --only fx=counter,log,bn,cache --only batch=2 --only seq=4 --cases 60
 grep -q "^FAILED side-effect-once" out.txt || { bad "forgets_recompute headline"; cat out.txt; }

@@ -389,14 +389,15 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
   {
     Case probe;
     auto& [model, dropout, dropout_impl, seed, batch, seq, seqvar, steps, micro, sched, lr, opt, resume, input_frozen,
-           freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, tp, precision, device, plan, impl] = probe;
+           freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, tp, tpkeep, precision, device, plan, impl] =
+        probe;
     auto& [layers, d_model, heads, ffn_mult, vocab, norm, placement, attention, causal, activation, loss, tie,
            key_padding, aux_weight, effects, segout, rand] = probe.model;
     (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)seqvar, (void)steps,
         (void)micro;
     (void)sched, (void)lr, (void)opt, (void)resume, (void)input_frozen, (void)freeze, (void)hook, (void)gp;
-    (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)tp, (void)precision, (void)device,
-        (void)plan, (void)impl, (void)layers, (void)d_model, (void)heads;
+    (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)tp, (void)tpkeep, (void)precision,
+        (void)device, (void)plan, (void)impl, (void)layers, (void)d_model, (void)heads;
     (void)ffn_mult, (void)vocab, (void)norm, (void)placement, (void)attention, (void)causal, (void)activation;
     (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects, (void)segout, (void)rand;
   }
@@ -439,6 +440,7 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
       {"inplace_on", [](Case& c) { c = case_from_line(to_line(c) + " segio=multi inplace=true inplace_on=mask"); }},
       {"inplace_micro", [](Case& c) { c.inplace = true, c.inplace_micro = 1; }},
       {"tp", [](Case& c) { c.tp = 2; }},
+      {"tpkeep", [](Case& c) { c.tp = 2, c.tpkeep = TpKeep::reduced; }},
       {"segin", [](Case& c) { c.segin = SegIn::view; }},
       {"precision", [](Case& c) { c.precision = Precision::bf16; }},
       {"device", [](Case& c) { c.device = "cuda:1"; }},
@@ -488,7 +490,9 @@ TEST(CaseTp, ValidatesWhatRanksCanRun) {
   refused("tp=2 device=cuda", "device=cpu");
   refused("tp=2 gp=0.1", "gp=0");
   refused("tp=2 inplace=true", "inplace=false");
-  refused("tp=2 steps=2 resume=1", "resume=0");
+  EXPECT_EQ(case_from_line(base + "tp=2 steps=2 resume=1").resume, 1);
+  refused("tpkeep=reduced", "tpkeep=reduced needs tp > 1");
+  EXPECT_EQ(case_from_line(base + "tp=2 tpkeep=reduced").tpkeep, TpKeep::reduced);
   EXPECT_EQ(tp_error(case_from_line("heads=1 d=6 ffn=1 attn=off").model, 4),
             "tp=4 needs the FFN width divisible by it (d x ffn=6: each rank holds d_ff/tp hidden units)");
 }

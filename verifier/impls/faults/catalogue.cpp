@@ -25,6 +25,7 @@ const std::vector<ImplEntry>& catalogue() {
       step_weight_stash(),       tracker_not_replayed(),
       tracker_left_advanced(),   tracker_same_seed(),
       replicated_from_stream(),  reentrant_two_pass(),
+      resume_no_tracker(),
   };
   return v;
 }

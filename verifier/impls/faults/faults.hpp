@@ -41,6 +41,7 @@ ImplEntry resume_rng_before();        // the generators as they were after the s
 ImplEntry resume_no_optimizer();      // Adam's moments and step counts
 ImplEntry resume_no_running_stats();  // BatchNorm's running statistics
 ImplEntry resume_no_accumulation();   // the position inside the step (gradient accumulation)
+ImplEntry resume_no_tracker();        // the model-parallel tracker's streams (tp > 1)
 // On the reentrant skeleton (reentrant.hpp):
 ImplEntry reentrant_hooks();        // a correct-looking reentrant checkpoint: parameter hooks run twice
 ImplEntry nograd_forward_cache();   // its no-grad forward poisons autocast's cast cache

@@ -36,4 +36,12 @@ ImplEntry resume_no_accumulation() {
                "resume inside a step (resume % micro != 0) with dropout or fx=counter, log, noise",
                StateFault::no_accumulation);
 }
+ImplEntry resume_no_tracker() {
+  ImplEntry e = saver("resume-no-tracker",
+                      "the state file lacks the model-parallel RNG tracker's streams: the resumed ranks redraw the "
+                      "masks inside the tensor-parallel regions from the seed",
+                      "tp>1, resume>0 with dropout inside a region after the save", StateFault::no_streams);
+  e.info.case_fields = "tp=2 steps=2 resume=1";
+  return e;
+}
 }  // namespace ckv::faults

@@ -1,0 +1,68 @@
+// properties/ranks.cpp: check_case_as_ranks (property.hpp), the parent side of a tensor-parallel Case;
+// the ranks' side is ckverify's hidden subcommand `rank` (verifier/cli/rank_case.hpp).
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "properties/property.hpp"
+#include "verifier/dist/ranks.hpp"
+
+namespace ckv {
+using nlohmann::json;
+
+namespace {
+struct RemoveDir {
+  std::string dir;
+  ~RemoveDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+}  // namespace
+
+std::string rank_answer_path(const std::string& dir, int rank) {
+  return dir + "/answer" + std::to_string(rank) + ".json";
+}
+
+std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, std::chrono::seconds ranks_deadline) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "ckverify-ranks-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw EnvironmentError("cannot create a temporary directory in " + tmpl);
+  const RemoveDir remove{tmpl};
+  const std::string case_file = tmpl + "/case.json";
+  {
+    std::ofstream out(case_file, std::ios::binary | std::ios::trunc);
+    out << to_json(c) << "\n";
+    if (!out.flush()) throw EnvironmentError("cannot write " + case_file);
+  }
+  dist::RankLaunch launch;
+  launch.exe = exe;
+  launch.args = {"rank", "--case", case_file, "--answer-dir", tmpl, "--threads", "1"};
+  launch.world = c.tp;
+  launch.dir = tmpl;
+  launch.deadline = ranks_deadline;
+  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks(launch);
+  // What the ranks said of themselves comes first: an environment error or a ckverify bug on any rank
+  // (the others then fail for want of it, and their failures are consequences).
+  std::string findings;
+  for (int r = 0; r < c.tp; ++r) {
+    std::ifstream in(rank_answer_path(tmpl, r));
+    std::string line;
+    if (!std::getline(in, line) || line.empty()) continue;
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("error")) {
+      const std::string what = "rank " + std::to_string(r) + ": " + j.value("error", std::string());
+      if (j.value("kind", std::string()) == "environment") throw EnvironmentError(what);
+      throw std::runtime_error(what + " (case: " + to_line(c) + ")");
+    }
+    if (r == 0) findings = line;
+  }
+  if (const dist::RankOutcome* f = dist::first_failure(outcomes))
+    return {Finding::fail("completes", -1, "rank " + std::to_string(f->rank),
+                          "the run under test ran as " + std::to_string(c.tp) + " ranks and " + f->describe())};
+  if (findings.empty()) throw std::runtime_error("rank 0 ended without an answer (case: " + to_line(c) + ")");
+  return findings_from_line(findings);
+}
+
+}  // namespace ckv
