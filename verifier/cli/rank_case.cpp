@@ -1,13 +1,10 @@
 // verifier/cli/rank_case.cpp: see rank_case.hpp.
 #include "verifier/cli/rank_case.hpp"
 
-#include <stdlib.h>
-
 #include <CLI/CLI.hpp>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "verifier/cli/output.hpp"
 #include "verifier/dist/ranks.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/parallel.hpp"
@@ -19,16 +16,6 @@ namespace {
 // How long a rank's collective waits for the others: past it, a rank whose peer hangs or died fails
 // (dist/group.hpp), and the ranks are stopped together.
 constexpr std::chrono::seconds kCollectiveTimeout{30};
-
-void write_answer(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text << "\n";
-    if (!out.flush()) throw std::runtime_error("rank: cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, path);
-}
 
 std::string error_answer(const std::string& what, const char* kind) {
   return json{{"error", what}, {"kind", kind}}.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -60,12 +47,12 @@ int run_rank(const RankArgs& a) {
     auto impl = make_impl(c.impl);
     const ParallelRun par(world, c);
     const Observations o = observe(c, *impl, &par);
-    if (env.rank == 0) write_answer(answer, findings_to_line(judge_all(o)));
+    if (env.rank == 0) write_atomically(file_arg(answer), findings_to_line(judge_all(o)));
   } catch (const EnvironmentError& e) {
-    write_answer(answer, error_answer(e.what(), "environment"));
+    write_atomically(file_arg(answer), error_answer(e.what(), "environment"));
     return 2;  // a failed rank: the launcher stops the others at once instead of at their collective timeout
   } catch (const std::exception& e) {
-    write_answer(answer, error_answer(e.what(), "internal"));
+    write_atomically(file_arg(answer), error_answer(e.what(), "internal"));
     return 3;
   }
   return 0;
