@@ -14,6 +14,8 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "verifier/case/case.hpp"
@@ -156,37 +158,47 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
   // One Case in eight draws per-token jitter (random ops other than dropout and the noise module).
   const auto rand = pick(RandOp::none, RandOp::none, RandOp::none, RandOp::none, RandOp::none, RandOp::none,
                          RandOp::none, RandOp::jitter);
-  // A bounded share of tensor-parallel Cases (3 draws in kTpDraws: tp=2 twice as often as tp=4):
-  // each runs as ranks, tens of times the cost of a case in one process. Shrinking takes the draw to 0,
-  // tp=1, first.
-  const auto tp = gen::map(gen::inRange(0, kTpDraws), [](int i) {
-    return i >= kTpDraws - 1 ? 4 : i >= kTpDraws - 3 ? 2 : 1;
+  // A bounded share of Cases that run as ranks (5 draws in kTpDraws: tp=2 twice, tp=4 once, dp=2 with
+  // tp=1 once and with tp=2 once): each runs as processes of its own, tens of times the cost of a case
+  // in one process. Shrinking takes the draw to 0, tp=dp=1, first.
+  const auto degrees = gen::map(gen::inRange(0, kTpDraws), [](int i) {
+    if (i >= kTpDraws - 1) return std::pair<int, int>{4, 1};
+    if (i >= kTpDraws - 3) return std::pair<int, int>{2, 1};
+    if (i == kTpDraws - 4) return std::pair<int, int>{1, 2};
+    if (i == kTpDraws - 5) return std::pair<int, int>{2, 2};
+    return std::pair<int, int>{1, 1};
   });
   const auto tpkeep = pick(TpKeep::none, TpKeep::reduced);  // a tensor-parallel Case's selective plan, or not
   return gen::map(
-      gen::tuple(gen_deep(), shallow, segout, rand, tp, tpkeep),
-      [o](std::tuple<DeepShape, Case, SegOut, RandOp, int, TpKeep> dc) {
+      gen::tuple(gen_deep(), shallow, segout, rand, degrees, tpkeep),
+      [o](std::tuple<DeepShape, Case, SegOut, RandOp, std::pair<int, int>, TpKeep> dc) {
         Case c = std::move(std::get<1>(dc));
         apply_deep(std::get<0>(dc), c);
         c.model.segout = std::get<2>(dc);
         c.model.rand = std::get<3>(dc);
-        c.tp = std::get<4>(dc);
-        if (std::get<0>(dc).on || o.device != "cpu") c.tp = 1;  // deep Cases test depth; ranks run on the CPU
-        // A tensor-parallel degree fixed by --only shapes the Case for it here (apply_only then finds it valid).
+        std::tie(c.tp, c.dp) = std::get<4>(dc);
+        if (std::get<0>(dc).on || o.device != "cpu") c.tp = c.dp = 1;  // deep Cases test depth; ranks run on the CPU
+        // A degree fixed by --only shapes the Case for it here (apply_only then finds it valid).
         for (std::istringstream only(o.only); only;) {
           std::string tok;
           only >> tok;
-          if (tok == "tp=2" || tok == "tp=4") c.tp = tok[3] - '0';
+          if (tok == "tp=1" || tok == "tp=2" || tok == "tp=4") c.tp = tok[3] - '0';
+          if (tok == "dp=1" || tok == "dp=2") c.dp = tok[3] - '0';
         }
+        if (c.tp > 1 || c.dp > 1) c.gp = 0.0, c.inplace = false;  // what ranks do not run yet (case.cpp)
         if (c.tp > 1) {
-          // What ranks do not run yet (case.cpp), and a model that splits: tp heads (each of the drawn head
-          // dimension), so d and the FFN width divide by tp too.
-          c.gp = 0.0, c.inplace = false;
+          // A model that splits: tp heads (each of the drawn head dimension), so d and the FFN width
+          // divide by tp too.
           c.tpkeep = std::get<5>(dc);
           if (c.model.heads % c.tp != 0) {
             c.model.d_model = c.model.d_model / c.model.heads * c.tp;
             c.model.heads = c.tp;
           }
+        }
+        if (c.dp > 1) {
+          // The step's micro-batches split evenly between the replicas; no state kept across them (case.cpp).
+          if (c.micro % c.dp != 0) c.micro += c.dp - c.micro % c.dp;
+          c.model.effects &= ~static_cast<unsigned>(kBatchNorm | kCache);
         }
         if (c.model.tie == Tie::head) c.model.segout = SegOut::plain;  // no hidden-state input to carry (case.cpp)
         if (c.gp > 0.0) c.input_frozen = false;                        // the penalty is on dloss/dx
@@ -201,7 +213,7 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
         if (c.resume > 0) {  // a save position inside the run (at a step boundary under sched=ffbb)
           const int total = c.steps * c.micro;
           c.resume = total < 2 ? 0 : 1 + (c.resume - 1) % (total - 1);
-          if (c.sched == Schedule::ffbb) c.resume -= c.resume % c.micro;
+          if (c.sched == Schedule::ffbb || c.dp > 1) c.resume -= c.resume % c.micro;
         }
         if (o.strategy) {
           c.model.key_padding = false, c.model.aux_weight = 0.0;  // segio=single

@@ -373,6 +373,15 @@ const std::vector<Field>& fields() {
         "tp > 1: what a checkpointed segment keeps of its tensor-parallel regions: nothing, or each forward "
         "all-reduce's output (the recompute then runs only local ops, no collective)",
         kTpKeep, [](Case& c) -> TpKeep& { return c.tpkeep; }, false));
+    {
+      Field f = int_field(
+          "dp",
+          "data-parallel replicas: 1, or the step's micro-batches are split between 2 replicas (tp ranks each) "
+          "whose gradients a DDP-style reducer averages after every backward (docs/parallel.md)",
+          1, 2, [](Case& c) -> int& { return c.dp; }, false);
+      f.values = "1|2";
+      t.push_back(f);
+    }
     t.push_back(enum_field("prec", "precision: fp32, or the forward under bf16 / fp16 autocast", kPrec,
                            [](Case& c) -> Precision& { return c.precision; }));
     {
@@ -641,6 +650,24 @@ void validate(const Case& c) {
     needs(c.device == "cpu", "runs its ranks' collectives over Gloo on the CPU: it needs device=cpu");
     needs(c.gp == 0.0, "needs gp=0 (the collectives' backward is not differentiable a second time)");
     needs(!c.inplace, "needs inplace=false (the in-place experiments are not built for ranks yet)");
+  }
+  if (c.dp > 1) {
+    auto needs = [&](bool ok, const std::string& what) {
+      if (!ok) fail("dp=" + std::to_string(c.dp) + " " + what);
+    };
+    needs(c.micro % c.dp == 0,
+          "splits the step's micro-batches between the replicas: it needs micro divisible by "
+          "it (micro=" +
+              std::to_string(c.micro) + ")");
+    needs(c.device == "cpu", "runs its replicas' collectives over Gloo on the CPU: it needs device=cpu");
+    needs(c.gp == 0.0, "needs gp=0 (the reducer's average is not differentiated a second time)");
+    needs(!c.inplace, "needs inplace=false (the in-place experiments are not built for ranks yet)");
+    needs(!m.has(kBatchNorm) && !m.has(kCache),
+          "needs neither fx=bn nor fx=cache (state kept across the micro-batches of a step: each replica's would "
+          "see only its own)");
+    needs(c.resume % c.micro == 0,
+          "needs resume at a step boundary, a multiple of micro (inside a step the replicas are at other "
+          "micro-batches of it)");
   }
   if (c.tpkeep != TpKeep::none && c.tp < 2)
     fail("tpkeep=" + std::string(to_string(c.tpkeep)) +

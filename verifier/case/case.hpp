@@ -109,12 +109,17 @@ struct Case {
   // holding heads/tp of the attention heads and d_ff/tp of the FFN (model/shard.hpp).
   int tp = 1;
   TpKeep tpkeep = TpKeep::none;
+  // Data-parallel replicas (docs/parallel.md): 1, or 2: the step's micro-batches are split between two
+  // replicas (each of tp ranks), whose gradients a DDP-style reducer averages after every backward.
+  int dp = 1;
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
   Plan plan;
   std::string impl = "builtin";
 
   double p(DropoutSite s) const { return dropout[static_cast<size_t>(s)]; }
   SegIO segio() const { return model.key_padding ? SegIO::multi : SegIO::single; }
+  // How many processes the Case runs as (1: ckverify's own).
+  int ranks() const { return tp * dp; }
   bool operator==(const Case& o) const;
   bool operator!=(const Case& o) const { return !(*this == o); }
 };

@@ -389,15 +389,15 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
   {
     Case probe;
     auto& [model, dropout, dropout_impl, seed, batch, seq, seqvar, steps, micro, sched, lr, opt, resume, input_frozen,
-           freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, tp, tpkeep, precision, device, plan, impl] =
+           freeze, hook, gp, inplace, inplace_on, inplace_micro, segin, tp, tpkeep, dp, precision, device, plan, impl] =
         probe;
     auto& [layers, d_model, heads, ffn_mult, vocab, norm, placement, attention, causal, activation, loss, tie,
            key_padding, aux_weight, effects, segout, rand] = probe.model;
     (void)model, (void)dropout, (void)dropout_impl, (void)seed, (void)batch, (void)seq, (void)seqvar, (void)steps,
         (void)micro;
     (void)sched, (void)lr, (void)opt, (void)resume, (void)input_frozen, (void)freeze, (void)hook, (void)gp;
-    (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)tp, (void)tpkeep, (void)precision,
-        (void)device, (void)plan, (void)impl, (void)layers, (void)d_model, (void)heads;
+    (void)inplace, (void)inplace_on, (void)inplace_micro, (void)segin, (void)tp, (void)tpkeep, (void)dp,
+        (void)precision, (void)device, (void)plan, (void)impl, (void)layers, (void)d_model, (void)heads;
     (void)ffn_mult, (void)vocab, (void)norm, (void)placement, (void)attention, (void)causal, (void)activation;
     (void)loss, (void)tie, (void)key_padding, (void)aux_weight, (void)effects, (void)segout, (void)rand;
   }
@@ -441,6 +441,7 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
       {"inplace_micro", [](Case& c) { c.inplace = true, c.inplace_micro = 1; }},
       {"tp", [](Case& c) { c.tp = 2; }},
       {"tpkeep", [](Case& c) { c.tp = 2, c.tpkeep = TpKeep::reduced; }},
+      {"dp", [](Case& c) { c.dp = 2; }},
       {"segin", [](Case& c) { c.segin = SegIn::view; }},
       {"precision", [](Case& c) { c.precision = Precision::bf16; }},
       {"device", [](Case& c) { c.device = "cuda:1"; }},
@@ -495,6 +496,34 @@ TEST(CaseTp, ValidatesWhatRanksCanRun) {
   EXPECT_EQ(case_from_line(base + "tp=2 tpkeep=reduced").tpkeep, TpKeep::reduced);
   EXPECT_EQ(tp_error(case_from_line("heads=1 d=6 ffn=1 attn=off").model, 4),
             "tp=4 needs the FFN width divisible by it (d x ffn=6: each rank holds d_ff/tp hidden units)");
+}
+
+// dp: 1 or 2, the step's micro-batches split evenly between the replicas, on the CPU, with no state kept
+// across micro-batches and a resume position at a step boundary; each refusal names the rule.
+TEST(CaseDp, ValidatesWhatReplicasCanRun) {
+  const std::string base = "layers=2 d=8 heads=2 ffn=2 micro=2 ";
+  const Case c = case_from_line(base + "dp=2 tp=2");
+  EXPECT_EQ(c.dp, 2);
+  EXPECT_EQ(c.ranks(), 4);
+  EXPECT_EQ(to_line(case_from_line(base + "dp=1")).find("dp="), std::string::npos);
+  auto refused = [&](const std::string& extra, const std::string& names) {
+    try {
+      case_from_line(base + extra);
+      ADD_FAILURE() << extra << " was accepted";
+    } catch (const CaseError& e) {
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+    }
+  };
+  refused("dp=4", "dp");
+  refused("dp=2 micro=3", "dp=2 splits the step's micro-batches between the replicas: it needs micro divisible");
+  refused("dp=2 device=cuda", "device=cpu");
+  refused("dp=2 gp=0.1", "gp=0");
+  refused("dp=2 inplace=true", "inplace=false");
+  refused("dp=2 fx=bn batch=2 seq=4", "neither fx=bn nor fx=cache");
+  refused("dp=2 fx=cache", "neither fx=bn nor fx=cache");
+  refused("dp=2 steps=2 resume=1", "resume at a step boundary");
+  EXPECT_EQ(case_from_line(base + "dp=2 steps=2 resume=2").resume, 2);
+  EXPECT_EQ(case_from_line(base + "dp=2 fx=counter,log,noise").dp, 2);
 }
 
 }  // namespace
