@@ -1,4 +1,4 @@
-// properties/ranks.cpp: check_case_as_ranks (property.hpp), the parent side of a tensor-parallel Case;
+// properties/ranks.cpp: check_case_as_ranks (property.hpp), the parent side of a Case with tp or dp > 1;
 // the ranks' side is ckverify's hidden subcommand `rank` (verifier/cli/rank_case.hpp).
 #include <stdlib.h>
 
@@ -39,14 +39,14 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
   dist::RankLaunch launch;
   launch.exe = exe;
   launch.args = {"rank", "--case", case_file, "--answer-dir", tmpl, "--threads", "1"};
-  launch.world = c.tp;
+  launch.world = c.ranks();
   launch.dir = tmpl;
   launch.deadline = ranks_deadline;
   const std::vector<dist::RankOutcome> outcomes = dist::run_ranks(launch);
   // What the ranks said of themselves comes first: an environment error or a ckverify bug on any rank
   // (the others then fail for want of it, and their failures are consequences).
   std::string findings;
-  for (int r = 0; r < c.tp; ++r) {
+  for (int r = 0; r < c.ranks(); ++r) {
     std::ifstream in(rank_answer_path(tmpl, r));
     std::string line;
     if (!std::getline(in, line) || line.empty()) continue;
@@ -60,7 +60,7 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
   }
   if (const dist::RankOutcome* f = dist::first_failure(outcomes))
     return {Finding::fail("completes", -1, "rank " + std::to_string(f->rank),
-                          "the run under test ran as " + std::to_string(c.tp) + " ranks and " + f->describe())};
+                          "the run under test ran as " + std::to_string(c.ranks()) + " ranks and " + f->describe())};
   if (findings.empty()) throw std::runtime_error("rank 0 ended without an answer (case: " + to_line(c) + ")");
   return findings_from_line(findings);
 }

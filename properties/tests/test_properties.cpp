@@ -235,11 +235,16 @@ const FaultDemo kDemos[] = {
     {"replicated-from-stream", "tp=2 drop=0,0.3,0,0.3", "tp=2 drop=0.3,0,0.3,0"},
     {"reentrant-two-pass", "tp=2", ""},
     {"resume-no-tracker", "tp=2 resume=1 drop=0,0,0.3,0", "resume=1 drop=0,0,0.3,0"},
+    // Data parallelism (run as ranks): weights shared by the blocks at dp=2; the same at dp=1, where no
+    // reducer hooks the accumulators.
+    {"reentrant-nested-backward", "dp=2 micro=2 tie=blocks", "micro=2 tie=blocks"},
+    // Gradients the reducer never sees: the replicas diverge at dp=2; at dp=1 there is no replica.
+    {"grads-by-hand", "dp=2 micro=2", "micro=2"},
 };
 
-// The gate for one Case, in this process or (tp > 1) as ranks of ckverify itself (CKV_EXE, set by ctest).
+// The gate for one Case, in this process or (tp or dp > 1) as ranks of ckverify itself (CKV_EXE, set by ctest).
 std::vector<Finding> check_any(const Case& c, CheckpointImpl& impl) {
-  if (c.tp == 1) return check_case(c, impl);
+  if (c.ranks() == 1) return check_case(c, impl);
   const char* exe = std::getenv("CKV_EXE");
   if (exe == nullptr || *exe == '\0') throw std::runtime_error("CKV_EXE (ckverify) is not set: ctest sets it");
   return check_case_as_ranks(c, exe);

@@ -47,7 +47,7 @@ rc::Shrinkable<Case> generate(const rc::Gen<Case>& gen, uint64_t seed, int i) {
 }
 
 std::vector<Finding> run_checks(const Case& c) {
-  if (c.tp > 1) return run_case_as_ranks(c);
+  if (c.ranks() > 1) return run_case_as_ranks(c);
   auto impl = make_impl(c.impl);
   try {
     return check_case(c, *impl);

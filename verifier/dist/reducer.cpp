@@ -15,6 +15,7 @@ struct GradReducer::State {
   std::shared_ptr<Group> replicas;
   std::shared_ptr<CollectiveLedger> ledger;
   std::vector<torch::Tensor> params;
+  std::vector<std::string> labels;  // the ledger's, per parameter
   std::mutex mu;
   std::vector<int> fires;
   bool armed = true;
@@ -45,7 +46,7 @@ struct ReduceHook : torch::autograd::FunctionPostHook {
     // then holds the average, as DDP does for a parameter unused on one replica).
     const torch::Tensor grad = param.grad();
     torch::Tensor sum = all_reduce_recorded(*s->replicas, grad.defined() ? grad : torch::zeros_like(param),
-                                            s->ledger.get(), Pass::backward, "dp." + std::to_string(index));
+                                            s->ledger.get(), Pass::backward, s->labels.at(index));
     sum.div_(static_cast<double>(s->replicas->size()));
     if (grad.defined())
       grad.copy_(sum);
@@ -57,13 +58,18 @@ struct ReduceHook : torch::autograd::FunctionPostHook {
 }  // namespace
 
 GradReducer::GradReducer(std::shared_ptr<Group> replicas, std::vector<torch::Tensor> params,
-                         std::shared_ptr<CollectiveLedger> ledger)
+                         std::shared_ptr<CollectiveLedger> ledger, std::vector<std::string> names)
     : state_(std::make_shared<State>()) {
   if (!replicas) throw std::invalid_argument("GradReducer: no data-parallel group");
   state_->replicas = std::move(replicas);
   state_->ledger = std::move(ledger);
   state_->params = std::move(params);
   state_->fires.assign(state_->params.size(), 0);
+  if (!names.empty() && names.size() != state_->params.size())
+    throw std::invalid_argument("GradReducer: " + std::to_string(names.size()) + " names for " +
+                                std::to_string(state_->params.size()) + " parameters");
+  for (size_t i = 0; i < state_->params.size(); ++i)
+    state_->labels.push_back("dp." + (names.empty() ? std::to_string(i) : names[i]));
   for (size_t i = 0; i < state_->params.size(); ++i) {
     const torch::Tensor& p = state_->params[i];
     if (!p.requires_grad()) continue;

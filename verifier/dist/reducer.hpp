@@ -11,13 +11,14 @@
 // is accumulated and reduced twice: DDP raises "Expected to mark a variable ready only once"; a reducer
 // that does not check averages a partial gradient and adds the rest unreduced. fires() counts, per
 // backward, how often each parameter's hook fired; the reductions go to the ledger as backward
-// collectives ("dp.<parameter index>"). A replica whose accumulator ran without a gradient joins the
-// reduction with zeros. A backward with create_graph through the reducer is refused.
+// collectives ("dp.<parameter name>", or its index where no names are given). A replica whose accumulator ran without a
+// gradient joins the reduction with zeros. A backward with create_graph through the reducer is refused.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -29,7 +30,7 @@ class GradReducer {
  public:
   // Hooks every parameter of `params` that requires grad. `replicas`: the data-parallel group.
   GradReducer(std::shared_ptr<Group> replicas, std::vector<torch::Tensor> params,
-              std::shared_ptr<CollectiveLedger> ledger = nullptr);
+              std::shared_ptr<CollectiveLedger> ledger = nullptr, std::vector<std::string> names = {});
   // The hooks stay on the accumulators (autograd cannot remove them) but do nothing from then on.
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;

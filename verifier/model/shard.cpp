@@ -170,4 +170,33 @@ std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::
   return out;
 }
 
+std::vector<std::string> replica_consistency(const dist::Group& dp, const TransformerImpl& model) {
+  std::vector<std::string> out;
+  for (const auto& kv : model.named_parameters()) {
+    const torch::Tensor& p = kv.value();
+    const auto values = dp.all_gather(p.detach().contiguous());
+    for (size_t r = 1; r < values.size(); ++r)
+      if (!torch::equal(values[r], values[0])) {
+        out.push_back(kv.key() + ": values differ between replicas 0 and " + std::to_string(r));
+        break;
+      }
+    const auto defined = dp.all_gather(torch::tensor({p.grad().defined() ? 1 : 0}, torch::kInt));
+    int with = 0;
+    for (const auto& d : defined) with += d.item<int>();
+    if (with == 0) continue;
+    if (with != static_cast<int>(defined.size())) {
+      out.push_back(kv.key() + ": a gradient on some replicas only");
+      continue;
+    }
+    const auto grads = dp.all_gather(p.grad().contiguous());
+    for (size_t r = 1; r < grads.size(); ++r)
+      if (!torch::equal(grads[r], grads[0])) {
+        out.push_back(kv.key() + ": gradients differ between replicas 0 and " + std::to_string(r) +
+                      " (a gradient the reducer did not average)");
+        break;
+      }
+  }
+  return out;
+}
+
 }  // namespace ckv

@@ -73,5 +73,9 @@ class TransformerImpl;
 std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::vector<SiteCall>& calls,
                                               const std::array<double, kNumDropoutSites>& p,
                                               const TransformerImpl& model);
+// The consistency of one shard's data-parallel replicas after a run (every rank of `dp` calls it; the
+// lines come back the same on every rank of it, empty when it holds): every parameter, and its gradient,
+// bit-identical on every replica (the reducer averaged the gradients, the optimizer updated alike).
+std::vector<std::string> replica_consistency(const dist::Group& dp, const TransformerImpl& model);
 
 }  // namespace ckv

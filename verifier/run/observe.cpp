@@ -166,7 +166,21 @@ void observe_ranks(Observations& o, const ParallelRun& par, const Trainer& base,
   } else if (!par.same_calls(o.test)) {
     r.why_not = "the ranks' runs under test drew dropout masks at other calls or shapes";
   } else {
-    r.consistency = parallel_consistency(par.world(), o.test.sites, o.c.dropout, test.model());
+    // Each tensor-parallel group and each shard's replicas judge their own; every rank gets every line.
+    std::vector<std::string> mine;
+    if (const dist::Group* tp = par.tp_group())
+      mine = parallel_consistency(*tp, o.test.sites, o.c.dropout, test.model());
+    if (const dist::Group* dp = par.dp_group())
+      for (std::string& line : replica_consistency(*dp, test.model())) mine.push_back(std::move(line));
+    std::string joined;
+    for (const std::string& v : mine) joined += (joined.empty() ? "" : "\n") + v;
+    const std::vector<std::string> all = par.strings(joined);
+    std::set<std::string> seen;  // the ranks of one group report the same lines
+    for (size_t k = 0; k < all.size(); ++k) {
+      std::istringstream lines(all[k]);
+      for (std::string line; std::getline(lines, line);)
+        if (!line.empty() && seen.insert(line).second) r.consistency.push_back(line);
+    }
     r.judged = true;
   }
   if (completed) {
@@ -212,9 +226,9 @@ void agree_on_rank0(const ParallelRun& par, ThrowExperiment& e) {
 }  // namespace
 
 Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par) {
-  if ((c.tp > 1) != (par != nullptr))
-    throw std::logic_error(c.tp > 1 ? "observe: a Case with tp > 1 runs as ranks (run_rank_case)"
-                                    : "observe: ranks for a Case with tp=1");
+  if ((c.ranks() > 1) != (par != nullptr))
+    throw std::logic_error(c.ranks() > 1 ? "observe: a Case with tp or dp > 1 runs as ranks (run_rank_case)"
+                                         : "observe: ranks for a Case with tp=dp=1");
   check_environment(c);
   if (impl.is_strategy()) check_strategy_case(c);
   Observations o = prepare(c);
@@ -374,12 +388,12 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
       std::string bytes;
       {
         Trainer first(c, o, &impl, Mode::normal, -1, par);
-        first.advance_to(c.resume);
+        first.advance_to(first.local_position(c.resume));
         bytes = encode_state(first.save_state(fault));
       }
       Trainer second(c, o, &impl, Mode::normal, -1, par);
       second.load_state(decode_state(bytes, c));
-      o.resume_exp.steps = second.advance_to(c.steps * c.micro);
+      o.resume_exp.steps = second.advance_to(second.local_position(c.steps * c.micro));
     } catch (const std::exception& e) {
       o.resume_exp.error = first_line(e.what());
     }

@@ -2,8 +2,11 @@
 #include "verifier/run/parallel.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
+#include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include "verifier/model/shard.hpp"
 #include "verifier/run/run.hpp"
@@ -11,18 +14,48 @@
 namespace ckv {
 
 ParallelRun::ParallelRun(std::shared_ptr<dist::Group> world, const Case& c)
-    : world_(std::move(world)),
-      // Megatron's convention: the model-parallel stream is the seed offset by 2718 plus the rank.
-      stream_seed_(c.seed + 2718 + static_cast<uint64_t>(world_->rank())) {
-  if (world_->size() != c.tp)
+    : world_(std::move(world)), tp_(c.tp), dp_(c.dp), micro_count_(c.micro / std::max(1, c.dp)) {
+  if (world_->size() != c.ranks())
     throw std::invalid_argument("parallel: " + std::to_string(world_->size()) +
-                                " ranks for a Case with tp=" + std::to_string(c.tp));
+                                " ranks for a Case with tp=" + std::to_string(c.tp) + " dp=" + std::to_string(c.dp));
+  if (c.micro % c.dp != 0) throw std::invalid_argument("parallel: micro is not divisible by dp");
+  // Megatron's convention: the model-parallel stream is the seed offset by 2718 plus the tensor-parallel
+  // rank (equal across data-parallel replicas).
+  stream_seed_ = c.seed + 2718 + static_cast<uint64_t>(tp_rank());
+  if (tp_ > 1) {
+    std::vector<int> replica(static_cast<size_t>(tp_));
+    std::iota(replica.begin(), replica.end(), dp_rank() * tp_);
+    tp_group_ = world_->subgroup("tp" + std::to_string(dp_rank()), replica);
+  }
+  if (dp_ > 1) {
+    std::vector<int> shard;
+    for (int d = 0; d < dp_; ++d) shard.push_back(d * tp_ + tp_rank());
+    dp_group_ = world_->subgroup("dp" + std::to_string(tp_rank()), shard);
+  }
 }
 
-std::shared_ptr<dist::Group> ParallelRun::run_group() const {
-  std::vector<int> ranks(static_cast<size_t>(size()));
-  std::iota(ranks.begin(), ranks.end(), 0);
-  return world_->subgroup("run" + std::to_string(runs_++), ranks);
+RunGroups ParallelRun::run_groups() const {
+  const std::string run = "run" + std::to_string(runs_++);
+  RunGroups g;
+  // Every rank makes its tensor-parallel group first, then its data-parallel one: each is formed by
+  // ranks that all form it next.
+  if (tp_ > 1) {
+    std::vector<int> replica(static_cast<size_t>(tp_));
+    std::iota(replica.begin(), replica.end(), dp_rank() * tp_);
+    g.tp = world_->subgroup(run + ".tp" + std::to_string(dp_rank()), replica);
+  }
+  if (dp_ > 1) {
+    std::vector<int> shard;
+    for (int d = 0; d < dp_; ++d) shard.push_back(d * tp_ + tp_rank());
+    g.dp = world_->subgroup(run + ".dp" + std::to_string(tp_rank()), shard);
+  }
+  return g;
+}
+
+std::vector<std::vector<double>> ParallelRun::replicas(const std::vector<double>& mine) const {
+  std::vector<std::vector<double>> all = vectors(mine), out;
+  for (int d = 0; d < dp_; ++d) out.push_back(std::move(all.at(static_cast<size_t>(d * tp_))));
+  return out;
 }
 
 bool ParallelRun::all(bool mine) const {
@@ -73,7 +106,8 @@ ParamSet ParallelRun::gather(const ParamSet& shard) const {
   // One collective for the whole set: every item's data, in order, then split again per rank.
   std::vector<double> flat;
   for (const NamedArray& a : shard.items) flat.insert(flat.end(), a.data.begin(), a.data.end());
-  const std::vector<std::vector<double>> ranks = vectors(flat);
+  std::vector<std::vector<double>> ranks = vectors(flat);
+  ranks.resize(static_cast<size_t>(tp_));  // replica 0's tensor-parallel ranks
   for (const auto& r : ranks)
     if (r.size() != flat.size()) throw std::runtime_error("parallel: the ranks hold parameter sets of other sizes");
   ParamSet out;
@@ -118,6 +152,148 @@ std::vector<std::vector<double>> unflatten(const std::vector<double>& f) {
   }
   return out;
 }
+
+// The records of a replica's calls as numbers (exact: bools, small integers and fp32 values), to be
+// sent to the other ranks, and back.
+struct Pack {
+  std::vector<double> v;
+  void num(double x) { v.push_back(x); }
+  void tensor(const torch::Tensor& t) {
+    if (!t.defined()) return num(-1.0);
+    num(static_cast<double>(t.dim()));
+    for (int64_t s : t.sizes()) num(static_cast<double>(s));
+    num(static_cast<double>(static_cast<int>(t.scalar_type())));
+    const torch::Tensor d = t.to(torch::kDouble).contiguous();
+    v.insert(v.end(), d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+  }
+};
+struct Unpack {
+  const std::vector<double>& v;
+  size_t at = 0;
+  double num() { return v.at(at++); }
+  int integer() { return static_cast<int>(num()); }
+  torch::Tensor tensor() {
+    const int dims = integer();
+    if (dims < 0) return {};
+    std::vector<int64_t> sizes;
+    for (int i = 0; i < dims; ++i) sizes.push_back(static_cast<int64_t>(num()));
+    const auto type = static_cast<c10::ScalarType>(integer());
+    torch::Tensor d = torch::empty(sizes, torch::kDouble);
+    if (at + static_cast<size_t>(d.numel()) > v.size()) throw std::runtime_error("parallel: a truncated record");
+    std::copy(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + d.numel()),
+              d.data_ptr<double>());
+    at += static_cast<size_t>(d.numel());
+    return d.to(type);
+  }
+  bool done() const { return at >= v.size(); }
+};
+
+std::vector<double> pack(const std::vector<SiteCall>& calls) {
+  Pack p;
+  for (const SiteCall& c : calls) {
+    for (int x : {c.step, c.micro, c.phase, c.layer, static_cast<int>(c.site), c.call}) p.num(x);
+    p.num(c.grad_enabled ? 1 : 0);
+    p.num(c.autocast.cpu_enabled ? 1 : 0), p.num(c.autocast.cuda_enabled ? 1 : 0);
+    p.num(static_cast<int>(c.autocast.cpu_dtype)), p.num(static_cast<int>(c.autocast.cuda_dtype));
+    p.tensor(c.mask), p.tensor(c.known);
+  }
+  return p.v;
+}
+void unpack(const std::vector<double>& v, std::vector<SiteCall>& out) {
+  for (Unpack u{v}; !u.done();) {
+    SiteCall c;
+    c.step = u.integer(), c.micro = u.integer(), c.phase = u.integer(), c.layer = u.integer();
+    c.site = static_cast<DropoutSite>(u.integer()), c.call = u.integer();
+    c.grad_enabled = u.num() != 0.0;
+    c.autocast.cpu_enabled = u.num() != 0.0, c.autocast.cuda_enabled = u.num() != 0.0;
+    c.autocast.cpu_dtype = static_cast<at::ScalarType>(u.integer());
+    c.autocast.cuda_dtype = static_cast<at::ScalarType>(u.integer());
+    c.mask = u.tensor(), c.known = u.tensor();
+    out.push_back(std::move(c));
+  }
+}
+std::vector<double> pack(const std::vector<ReluCall>& calls) {
+  Pack p;
+  for (const ReluCall& c : calls) {
+    for (int x : {c.step, c.micro, c.layer, c.call}) p.num(x);
+    p.tensor(c.positive);
+  }
+  return p.v;
+}
+void unpack(const std::vector<double>& v, std::vector<ReluCall>& out) {
+  for (Unpack u{v}; !u.done();) {
+    ReluCall c;
+    c.step = u.integer(), c.micro = u.integer(), c.layer = u.integer(), c.call = u.integer();
+    c.positive = u.tensor();
+    out.push_back(std::move(c));
+  }
+}
+std::vector<double> pack(const std::vector<NoiseCall>& calls) {
+  Pack p;
+  for (const NoiseCall& c : calls) {
+    for (int x : {c.step, c.micro, c.phase, c.layer, c.call}) p.num(x);
+    p.tensor(c.eps);
+  }
+  return p.v;
+}
+void unpack(const std::vector<double>& v, std::vector<NoiseCall>& out) {
+  for (Unpack u{v}; !u.done();) {
+    NoiseCall c;
+    c.step = u.integer(), c.micro = u.integer(), c.phase = u.integer(), c.layer = u.integer(), c.call = u.integer();
+    c.eps = u.tensor();
+    out.push_back(std::move(c));
+  }
+}
+std::vector<double> pack(const std::vector<SegmentCallRecord>& calls) {
+  std::vector<double> out;
+  for (const SegmentCallRecord& s : calls)
+    out.insert(out.end(), {static_cast<double>(s.step), static_cast<double>(s.micro), static_cast<double>(s.segment),
+                           static_cast<double>(s.phase), s.grad_enabled ? 1.0 : 0.0});
+  return out;
+}
+void unpack(const std::vector<double>& v, std::vector<SegmentCallRecord>& out) {
+  for (size_t i = 0; i + 4 < v.size(); i += 5)
+    out.push_back({static_cast<int>(v[i]), static_cast<int>(v[i + 1]), static_cast<int>(v[i + 2]),
+                   static_cast<int>(v[i + 3]), v[i + 4] != 0.0});
+}
+
+// Every replica's records of one kind side by side, step by step (each replica's in its own order
+// within a step: replica d ran micro-batches after replica d-1's).
+template <typename Call>
+std::vector<Call> join_replicas(const std::vector<std::vector<double>>& packed) {
+  std::vector<Call> out;
+  for (const auto& p : packed) unpack(p, out);
+  std::stable_sort(out.begin(), out.end(), [](const Call& a, const Call& b) { return a.step < b.step; });
+  return out;
+}
+
+// The replicas' logs as one: every line in the order of (step, micro-batch) it names ("... step S micro M
+// ..."), each replica's lines of one micro-batch in their own order; a line that names none goes with
+// the line before it.
+std::string join_logs(const std::vector<std::string>& logs) {
+  struct Line {
+    int step, micro;
+    std::string text;
+  };
+  std::vector<Line> lines;
+  for (const std::string& log : logs) {
+    std::istringstream in(log);
+    int step = -1, micro = -1;
+    for (std::string text; std::getline(in, text);) {
+      const size_t s = text.find(" step "), m = text.find(" micro ");
+      if (s != std::string::npos && m != std::string::npos) {
+        step = std::atoi(text.c_str() + s + 6);
+        micro = std::atoi(text.c_str() + m + 7);
+      }
+      lines.push_back({step, micro, text + "\n"});
+    }
+  }
+  std::stable_sort(lines.begin(), lines.end(),
+                   [](const Line& a, const Line& b) { return std::tie(a.step, a.micro) < std::tie(b.step, b.micro); });
+  std::string out;
+  for (const Line& l : lines) out += l.text;
+  return out;
+}
 }  // namespace
 
 bool ParallelRun::same_calls(const RunRecord& r) const {
@@ -133,9 +309,11 @@ bool ParallelRun::same_calls(const RunRecord& r) const {
     signature.insert(signature.end(),
                      {static_cast<double>(c.step), static_cast<double>(c.micro), static_cast<double>(c.layer),
                       static_cast<double>(c.call), static_cast<double>(c.positive.numel())});
+  // Within each replica (the replicas run other micro-batches, at other shapes under seqvar).
   const std::vector<std::vector<double>> signatures = vectors(signature);
-  return std::all_of(signatures.begin(), signatures.end(),
-                     [&](const std::vector<double>& v) { return v == signatures[0]; });
+  for (size_t k = 0; k < signatures.size(); ++k)
+    if (signatures[k] != signatures[k - k % static_cast<size_t>(tp_)]) return false;
+  return true;
 }
 
 bool ParallelRun::gather(RunRecord& r) const {
@@ -157,37 +335,65 @@ bool ParallelRun::gather(RunRecord& r) const {
   }
   const size_t steps = static_cast<size_t>(-max(-static_cast<double>(r.steps.size())));
   r.steps.resize(steps);
+  auto sum = [](const std::vector<std::vector<double>>& vs) {
+    std::vector<double> out = vs.at(0);
+    for (size_t k = 1; k < vs.size(); ++k)
+      for (size_t i = 0; i < out.size() && i < vs[k].size(); ++i) out[i] += vs[k][i];
+    return out;
+  };
+  auto join = [](const std::vector<std::vector<double>>& vs) {
+    std::vector<double> out;
+    for (const auto& v : vs) out.insert(out.end(), v.begin(), v.end());
+    return out;
+  };
+  auto ints = [](const auto& v) { return std::vector<double>(v.begin(), v.end()); };
   for (StepRecord& s : r.steps) {
     s.grads = gather(s.grads);
     s.params_after = gather(s.params_after);
     s.optimizer = gather(s.optimizer);
     s.hook_input_max = max(s.hook_input_max);
-    s.losses = rank0(s.losses);
-    s.dx = unflatten(rank0(flatten(s.dx)));
-    std::vector<double> defined(s.grad_defined.begin(), s.grad_defined.end());
-    defined = rank0(defined);
+    s.first_micro = static_cast<int>(rank0({static_cast<double>(s.first_micro)}).at(0));
+    s.losses = join(replicas(s.losses));
+    std::vector<std::vector<double>> dx;
+    for (const auto& replica : replicas(flatten(s.dx)))
+      for (auto& v : unflatten(replica)) dx.push_back(std::move(v));
+    s.dx = std::move(dx);
+    std::vector<double> defined = rank0(ints(s.grad_defined));
     s.grad_defined.assign(defined.begin(), defined.end());
-    std::vector<double> hooks(s.hook_calls.begin(), s.hook_calls.end());
-    hooks = rank0(hooks);
+    const std::vector<double> hooks = sum(replicas(ints(s.hook_calls)));
     s.hook_calls.assign(hooks.begin(), hooks.end());
-    s.ledger.batchnorm = gather(s.ledger.batchnorm);  // replicated: rank 0's
+    s.ledger.batchnorm = gather(s.ledger.batchnorm);  // replicated: rank 0's (no BatchNorm under dp)
+    if (dp_ > 1) {                                    // every replica ran its own micro-batches' forwards
+      for (std::vector<int64_t>* count : {&s.ledger.counter, &s.ledger.external, &s.ledger.cache_calls}) {
+        const std::vector<double> total = sum(replicas(ints(*count)));
+        count->assign(total.begin(), total.end());
+      }
+      std::vector<std::string> logs;
+      const std::vector<std::string> all_logs = strings(s.ledger.log);
+      for (int d = 0; d < dp_; ++d) logs.push_back(all_logs.at(static_cast<size_t>(d * tp_)));
+      s.ledger.log = join_logs(logs);
+    }
   }
   // The masks and ReLU sides are gathered call by call, so only where every rank made the same calls.
   const bool same = completed && same_calls(r);
-  if (same) {
-    r.sites = gather_site_calls(*world_, r.sites);
-    r.relu = gather_relu_calls(*world_, r.relu);
+  if (same && tp_ > 1) {
+    r.sites = gather_site_calls(*tp_group_, r.sites);
+    r.relu = gather_relu_calls(*tp_group_, r.relu);
   }
-  std::vector<double> calls;
-  for (const SegmentCallRecord& s : r.segment_calls)
-    calls.insert(calls.end(),
-                 {static_cast<double>(s.step), static_cast<double>(s.micro), static_cast<double>(s.segment),
-                  static_cast<double>(s.phase), s.grad_enabled ? 1.0 : 0.0});
-  calls = rank0(calls);
-  r.segment_calls.clear();
-  for (size_t i = 0; i + 4 < calls.size(); i += 5)
-    r.segment_calls.push_back({static_cast<int>(calls[i]), static_cast<int>(calls[i + 1]),
-                               static_cast<int>(calls[i + 2]), static_cast<int>(calls[i + 3]), calls[i + 4] != 0.0});
+  if (same && dp_ > 1) {
+    r.sites = join_replicas<SiteCall>(replicas(pack(r.sites)));
+    r.relu = join_replicas<ReluCall>(replicas(pack(r.relu)));
+  }
+  if (completed && dp_ > 1) {
+    r.noise = join_replicas<NoiseCall>(replicas(pack(r.noise)));
+    r.jitter = join_replicas<NoiseCall>(replicas(pack(r.jitter)));
+  }
+  std::vector<SegmentCallRecord> calls;
+  if (dp_ > 1)
+    calls = join_replicas<SegmentCallRecord>(replicas(pack(r.segment_calls)));
+  else
+    unpack(rank0(pack(r.segment_calls)), calls);
+  r.segment_calls = std::move(calls);
   return same;
 }
 

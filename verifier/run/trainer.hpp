@@ -21,6 +21,7 @@
 #include <set>
 
 #include "verifier/dist/collectives.hpp"
+#include "verifier/dist/reducer.hpp"
 #include "verifier/dist/rng_tracker.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/impls/traced_error.hpp"
@@ -93,10 +94,12 @@ void check_strategy_case(const Case& c);
 enum class Mode { normal, throw_in_recompute, inplace_input, inplace_reference };
 
 // One training run. The members live as long as the run: segment functions handed to the
-// implementation capture references to them. With `par` (a Case with tp > 1, parallel.hpp) the run is
-// that rank's shard: its model holds the rank's slice in a process group of the run's own, dropout inside
-// the tensor-parallel regions draws from the run's model-parallel stream (seeded per rank), every
-// SegmentCall shows that stream's generator, and the run's generator states include it.
+// implementation capture references to them. With `par` (a Case with tp or dp > 1, parallel.hpp) the run
+// is that rank's: under tp > 1 its model holds the rank's slice in a process group of the run's own,
+// dropout inside the tensor-parallel regions draws from the run's model-parallel stream (seeded per
+// rank), every SegmentCall shows that stream's generator, and the run's generator states include it;
+// under dp > 1 it runs its replica's micro-batches of every step, and a reducer (dist/reducer.hpp)
+// averages the gradients over the replicas after every accumulation.
 class Trainer {
  public:
   Trainer(const Case& c, const Observations& o, CheckpointImpl* impl, Mode mode, int target_segment,
@@ -111,17 +114,22 @@ class Trainer {
         account_(device_.type()),
         tap_(c.dropout_impl, c.dropout),
         parallel_fault_(parallel_fault_of(c)),
-        tracker_(par ? make_tracker(*par, c, parallel_fault_) : nullptr),
+        dp_(par ? par->dp() : 1),
+        micros_(par ? par->micro_count() : c.micro),
+        first_local_(par ? par->first_micro() : 0),
+        groups_(par ? par->run_groups() : RunGroups{}),
+        tracker_(par && c.tp > 1 ? make_tracker(*par, c, parallel_fault_) : nullptr),
         collectives_(par ? std::make_shared<dist::CollectiveLedger>() : nullptr),
         model_(c.model, &tap_, &effects_,
-               par ? make_shard(*par, c, tracker_.get(), collectives_, parallel_fault_) : TensorShard{}) {
+               par && c.tp > 1 ? make_shard(*par, c, groups_.tp, tracker_.get(), collectives_, parallel_fault_)
+                               : TensorShard{}) {
     const size_t layers = static_cast<size_t>(c.model.layers);
     effects_.counter.assign(layers, 0);
     effects_.external.assign(layers, 0);
     effects_.cache_calls.assign(layers, 0);
-    if (c.tp > 1 && !par)
-      throw EnvironmentError("tp=" + std::to_string(c.tp) +
-                             ": a tensor-parallel Case runs as ranks, under `ckverify check` and `repro` only");
+    if (c.ranks() > 1 && !par)
+      throw EnvironmentError("tp=" + std::to_string(c.tp) + " dp=" + std::to_string(c.dp) +
+                             ": a Case with tp or dp > 1 runs as ranks, under `ckverify check` and `repro` only");
     if (c.model.has(kLog) || c.model.has(kExternal)) {
       log_dir_ = make_temp_dir();
       effects_.log_path = log_dir_ + "/effects.log";
@@ -147,6 +155,13 @@ class Trainer {
         *seen = std::max(*seen, g.detach().abs().max().item<double>());
         return h == Hook::scale ? g * 0.5 : g.clamp(-kClipHook, kClipHook);
       });
+    }
+    // dp > 1: the replicas' gradients averaged after every accumulation (the hooks above run before it,
+    // on each micro-batch's own gradient, as in one process).
+    if (groups_.dp) {
+      std::vector<std::string> names;
+      for (const auto& kv : model_.named_parameters()) names.push_back(kv.key());
+      reducer_ = std::make_unique<dist::GradReducer>(groups_.dp, params_, collectives_, std::move(names));
     }
     for (const auto& d : o.data) {  // one per micro-batch, each of its own sequence length (seqvar)
       x_.push_back(to_tensor(d.x, {d.batch, d.seq, c.model.input_width()}, device_));
@@ -182,25 +197,30 @@ class Trainer {
 
   // One optimizer step (the next one); throws what the step throws.
   StepRecord step(int step) {
-    if (position_ != step * c_.micro) throw std::logic_error("Trainer::step out of order");
-    std::vector<StepRecord> r = advance_to(position_ + c_.micro);
+    if (position_ != step * micros_) throw std::logic_error("Trainer::step out of order");
+    std::vector<StepRecord> r = advance_to(position_ + micros_);
     return std::move(r.at(0));
   }
-  // Runs micro-batches until `position` of them are done (whole steps under sched=ffbb); returns the
-  // records of the steps completed. The run's own generators are installed around it.
+  // The position of this run after `global` micro-batches of the Case (each replica runs micro/dp of
+  // every step: a position at a step boundary).
+  int local_position(int global) const { return global / dp_; }
+  // Runs this run's micro-batches until `position` of them are done (whole steps under sched=ffbb);
+  // returns the records of the steps completed. The run's own generators are installed around it. Under
+  // dp > 1 the run's micro-batches are its replica's: micro-batches first_local_ .. first_local_ +
+  // micros_ - 1 of each step.
   std::vector<StepRecord> advance_to(int position) {
-    const int M = c_.micro;
+    const int M = micros_;
     std::vector<StepRecord> out;
     ChargeTo charge(&account_);
     rng_.restore();
     while (position_ < position) {
       progress();
       step_ = position_ / M;
-      const int m = position_ % M;
-      if (!in_step_) begin_step(/*fresh=*/m == 0);
+      const int m = first_local_ + position_ % M;
+      if (!in_step_) begin_step(/*fresh=*/position_ % M == 0);
       if (c_.sched == Schedule::ffbb) {
-        for (int k = 0; k < M; ++k) forward(k);
-        for (int k = M - 1; k >= 0; --k) backward(k);
+        for (int k = first_local_; k < first_local_ + M; ++k) forward(k);
+        for (int k = first_local_ + M - 1; k >= first_local_; --k) backward(k);
         position_ += M;
       } else {
         forward(m), backward(m);
@@ -237,7 +257,7 @@ class Trainer {
 
   // The training state as a saver with fault `f` writes it (state.hpp).
   TrainingState save_state(StateFault f) const {
-    const int M = c_.micro;
+    const int M = micros_;
     TrainingState s;
     s.case_key = state_key(c_);
     s.position = f == StateFault::no_accumulation ? position_ - position_ % M : position_;
@@ -279,9 +299,10 @@ class Trainer {
       if (!ok) throw StateError("state file: its " + what + " do not fit this model's parameters");
     };
     same_layout(s.params, "parameters");
-    if (s.position < 0 || s.position > c_.steps * c_.micro)
+    if (s.position < 0 || s.position > c_.steps * micros_)
       throw StateError("state file: position " + std::to_string(s.position) + " is outside this Case's " +
-                       std::to_string(c_.steps * c_.micro) + " micro-batches");
+                       std::to_string(c_.steps * micros_) + " micro-batches" +
+                       (dp_ > 1 ? " (of a data-parallel replica)" : ""));
     const size_t P = params_.size(), L = static_cast<size_t>(c_.model.layers);
     model_.load(s.params, /*shard_values=*/true);  // a rank's state holds its own shard (save_state)
     if (!s.grads.items.empty()) {
@@ -329,7 +350,7 @@ class Trainer {
       }
     }
     position_ = s.position;
-    step_ = position_ / c_.micro;
+    step_ = position_ / micros_;
   }
 
   // Fills the records of every call so far; `error` when the run stopped on an exception.
@@ -551,7 +572,7 @@ class Trainer {
       std::fill(hook_calls_->begin(), hook_calls_->end(), 0);
       *hook_input_max_ = 0.0;
     }
-    first_micro_ = position_ % c_.micro;
+    first_micro_ = first_local_ + position_ % micros_;
     live_.assign(static_cast<size_t>(c_.micro), {});
     in_step_ = true;
     step_memory_ = StepMemory{};
@@ -567,10 +588,18 @@ class Trainer {
     memory_.steps.push_back(step_memory_);
     StepRecord rec;
     rec.first_micro = first_micro_;
-    for (int m = 0; m < c_.micro; ++m) {
+    for (int m = first_local_; m < first_local_ + micros_; ++m) {
       const auto& l = live_[static_cast<size_t>(m)];
       rec.losses.push_back(l.loss_value);
       rec.dx.push_back(c_.input_frozen ? std::vector<double>{} : l.dx);
+    }
+    if (reducer_) {
+      // The replicas hold the average of their accumulated gradients; the step's gradient is that of
+      // the mean loss over every micro-batch of the step (each loss is scaled by 1/micro, as in one
+      // process): their sum. (dp is a power of two: exact.)
+      torch::NoGradGuard no_grad;
+      for (auto& p : params_)
+        if (p.grad().defined()) p.mutable_grad().mul_(static_cast<double>(dp_));
     }
     rec.grads = model_.grads();
     rec.grad_defined = model_.grads_defined();
@@ -687,7 +716,7 @@ class Trainer {
       unit += static_cast<int64_t>(seg.units.size());
       live.segment_inputs.push_back(call.args[0].toTensor());  // the tensor the segment received
       if (mode_ == Mode::normal && impl_ && seg.checkpointed && static_cast<int>(s) == target_ && step_ == 0 &&
-          m == 0 && target_args_.empty()) {
+          m == first_local_ && target_args_.empty()) {
         ChargeTo instrument(nullptr);  // ckverify's copy for throw_experiment(), not the run's memory
         torch::NoGradGuard no_grad;
         for (const c10::IValue& a : call.args) {
@@ -779,14 +808,15 @@ class Trainer {
     t->add(kModelParallelStream, f == ParallelFault::same_stream_seed ? c.seed + 2718 : par.stream_seed());
     return t;
   }
-  static TensorShard make_shard(const ParallelRun& par, const Case& c, dist::RngTracker* tracker,
-                                std::shared_ptr<dist::CollectiveLedger> ledger, ParallelFault f) {
+  static TensorShard make_shard(const ParallelRun& par, const Case& c, std::shared_ptr<dist::Group> tp,
+                                dist::RngTracker* tracker, std::shared_ptr<dist::CollectiveLedger> ledger,
+                                ParallelFault f) {
     TensorShard s;
-    s.rank = par.rank(), s.size = par.size(), s.tracker = tracker;
+    s.rank = par.tp_rank(), s.size = par.tp(), s.tracker = tracker;
     s.replicated_from_stream = f == ParallelFault::replicated_from_stream;
     s.keep_reduced = c.tpkeep == TpKeep::reduced;
     s.region = std::make_shared<dist::ParallelRegion>();
-    s.region->group = par.run_group();
+    s.region->group = std::move(tp);
     s.region->ledger = std::move(ledger);
     return s;
   }
@@ -809,6 +839,7 @@ class Trainer {
     phase_ = 1;
     tap_.set_context(step_, m, 1);
     const GlobalStateCheck before;
+    if (reducer_) reducer_->begin_backward();
     if (c_.gp > 0.0) {
       const torch::Tensor g = torch::autograd::grad({live.loss}, {live.x}, {}, /*retain_graph=*/true,
                                                     /*create_graph=*/true)[0];
@@ -857,8 +888,12 @@ class Trainer {
   EffectState effects_;
   std::string log_dir_;
   ParallelFault parallel_fault_;
+  int dp_;                                               // data-parallel replicas (1 in one process)
+  int micros_;                                           // the micro-batches of each step this run runs (micro / dp)
+  int first_local_;                                      // the first of them (its replica's)
+  RunGroups groups_;                                     // on ranks: the run's own process groups
   std::unique_ptr<dist::RngTracker> tracker_;            // tp > 1: the model-parallel stream
-  std::shared_ptr<dist::CollectiveLedger> collectives_;  // tp > 1: every collective the run issued
+  std::shared_ptr<dist::CollectiveLedger> collectives_;  // on ranks: every collective the run issued
   TransformerImpl model_;
   std::vector<torch::Tensor> params_;
   std::shared_ptr<std::vector<int>> hook_calls_;
@@ -875,6 +910,8 @@ class Trainer {
   int step_ = 0, micro_ = 0, phase_ = 0;
   int position_ = 0, first_micro_ = 0;
   bool in_step_ = false;
+  // dp > 1, last: its hooks are disarmed before the model they are on goes.
+  std::unique_ptr<dist::GradReducer> reducer_;
 };
 
 }  // namespace ckv::run_detail
