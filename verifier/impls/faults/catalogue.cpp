@@ -25,7 +25,8 @@ const std::vector<ImplEntry>& catalogue() {
       step_weight_stash(),       tracker_not_replayed(),
       tracker_left_advanced(),   tracker_same_seed(),
       replicated_from_stream(),  reentrant_two_pass(),
-      resume_no_tracker(),
+      resume_no_tracker(),       reentrant_nested_backward(),
+      grads_by_hand(),
   };
   return v;
 }

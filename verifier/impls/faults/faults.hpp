@@ -51,10 +51,12 @@ ImplEntry reentrant_no_autocast();  // recomputes with autocast off
 ImplEntry carry_input_grads();      // keeps a step's input gradients through the next step
 ImplEntry leaf_output_dropped();    // drops the gradient of an output that is an input
 // Tensor parallelism (tensor_parallel.cpp; Cases with tp > 1):
-ImplEntry tracker_not_replayed();    // the model-parallel stream is not replayed in the recompute
-ImplEntry tracker_left_advanced();   // it is replayed, and left where the recompute left it
-ImplEntry tracker_same_seed();       // the stream seeded equally on every rank (framework; builtin)
-ImplEntry replicated_from_stream();  // replicated dropout drawn from the stream (framework; builtin)
-ImplEntry reentrant_two_pass();      // the recompute differentiated in two passes: collectives twice
+ImplEntry tracker_not_replayed();       // the model-parallel stream is not replayed in the recompute
+ImplEntry tracker_left_advanced();      // it is replayed, and left where the recompute left it
+ImplEntry tracker_same_seed();          // the stream seeded equally on every rank (framework; builtin)
+ImplEntry replicated_from_stream();     // replicated dropout drawn from the stream (framework; builtin)
+ImplEntry reentrant_two_pass();         // the recompute differentiated in two passes: collectives twice
+ImplEntry reentrant_nested_backward();  // a nested backward per segment: a dp hook fires twice
+ImplEntry grads_by_hand();              // parameter gradients added by hand: the dp reducer never runs
 
 }  // namespace ckv::faults

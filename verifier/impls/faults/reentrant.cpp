@@ -16,7 +16,8 @@ struct State : torch::CustomClassHolder {
   std::vector<at::Generator> generators;  // SegmentCall::generators: replayed with the devices' defaults
   RngState rng;
   compat::AutocastState autocast;
-  SegmentState segment;  // what modules inside fn keep from the forward for the recompute
+  SegmentState segment;                // what modules inside fn keep from the forward for the recompute
+  std::vector<torch::Tensor> by_hand;  // params_by_hand: the parameters whose .grad backward adds to
 };
 
 class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
@@ -75,6 +76,46 @@ class ReentrantFunction : public torch::autograd::Function<ReentrantFunction> {
     }
     std::vector<torch::Tensor> inputs;
     const auto outs = recompute(*st, /*detach=*/true, inputs);
+    if (st->v.params_by_hand && params.empty() && !create_graph) {
+      std::vector<torch::Tensor> out_sel, grad_sel, targets;
+      for (size_t i = 0; i < outs.size() && i < grad_outputs.size(); ++i)
+        if (outs[i].requires_grad() && grad_outputs[i].defined())
+          out_sel.push_back(outs[i]), grad_sel.push_back(grad_outputs[i]);
+      for (const torch::Tensor& t : inputs) targets.push_back(t);
+      for (const torch::Tensor& p : st->by_hand) targets.push_back(p);
+      std::vector<size_t> differentiable;
+      std::vector<torch::Tensor> wrt;
+      for (size_t k = 0; k < targets.size(); ++k)
+        if (targets[k].requires_grad()) differentiable.push_back(k), wrt.push_back(targets[k]);
+      if (out_sel.empty() || wrt.empty()) return grads;
+      const auto g = torch::autograd::grad(out_sel, wrt, grad_sel, /*retain_graph=*/false, /*create_graph=*/false,
+                                           /*allow_unused=*/true);
+      torch::NoGradGuard no_grad;
+      for (size_t j = 0; j < differentiable.size(); ++j) {
+        const size_t k = differentiable[j];
+        if (!g[j].defined()) continue;
+        if (k < inputs.size()) {
+          if (need_input[k]) grads[k] = g[j];
+          continue;
+        }
+        torch::Tensor p = st->by_hand[k - inputs.size()];
+        if (p.grad().defined())
+          p.mutable_grad().add_(g[j]);
+        else
+          p.mutable_grad() = g[j].clone();
+      }
+      return grads;
+    }
+    if (st->v.nested_backward && params.empty() && !create_graph) {
+      std::vector<torch::Tensor> out_sel, grad_sel;
+      for (size_t i = 0; i < outs.size() && i < grad_outputs.size(); ++i)
+        if (outs[i].requires_grad() && grad_outputs[i].defined())
+          out_sel.push_back(outs[i]), grad_sel.push_back(grad_outputs[i]);
+      if (!out_sel.empty()) torch::autograd::backward(out_sel, grad_sel);
+      for (size_t k = 0; k < inputs.size(); ++k)
+        if (need_input[k] && inputs[k].requires_grad()) grads[k] = inputs[k].grad();
+      return grads;
+    }
     std::vector<torch::Tensor> targets;
     std::vector<size_t> slot;
     if (!attached)
@@ -155,7 +196,15 @@ std::vector<torch::Tensor> ReentrantCheckpoint::run(const SegmentCall& call) {
       st->tensor_slots.push_back(i);
       inputs.push_back(call.args[i].toTensor());
     }
-  return ReentrantFunction::apply(at::TensorList(inputs), at::TensorList(call.params), st);
+  // nested_backward and params_by_hand: as torch, the parameters are no inputs of the Function where an
+  // input carries gradient (the nested backward reaches them); where none does they are, and the
+  // skeleton's path runs.
+  bool input_grad = false;
+  for (const torch::Tensor& t : inputs) input_grad = input_grad || t.requires_grad();
+  const std::vector<torch::Tensor> none;
+  const bool params_outside = (v_.nested_backward || v_.params_by_hand) && input_grad;
+  if (params_outside && v_.params_by_hand) st->by_hand = call.params;
+  return ReentrantFunction::apply(at::TensorList(inputs), at::TensorList(params_outside ? none : call.params), st);
 }
 
 ImplEntry reentrant_hooks() {

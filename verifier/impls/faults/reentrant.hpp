@@ -38,6 +38,19 @@ struct ReentrantVariant {
   // parameters: the gradients are right, but every backward function of the recomputed graph runs twice,
   // a tensor-parallel region's backward all-reduce included.
   bool two_pass = false;
+  // Differentiate the recompute as torch's reentrant checkpoint does: autograd::backward from the
+  // recomputed outputs, accumulating into the detached inputs (whose gradients the Function returns) and
+  // straight into every parameter the recompute reached (which get none from the Function). The gradients
+  // are right in one process, but a parameter read by two checkpointed segments, or inside one and
+  // outside, has its gradient accumulator run once per nested backward: a data-parallel reducer's hook
+  // fires twice in one backward. The parameters are the Function's inputs only where no tensor input
+  // requires grad (then, and under create_graph, the skeleton's path runs).
+  bool nested_backward = false;
+  // Add the parameters' gradients to their .grad by hand (from autograd::grad) instead of returning them
+  // to the engine, the parameters no inputs of the Function where an input carries gradient: the
+  // gradients are right in one process, but the parameters' accumulators never run, so neither do the
+  // hooks on them: a data-parallel reducer never averages those gradients, and the replicas diverge.
+  bool params_by_hand = false;
 };
 
 class ReentrantCheckpoint : public CheckpointImpl {

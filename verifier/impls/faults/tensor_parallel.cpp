@@ -2,7 +2,9 @@
 // on Cases with tp > 1 (docs/parallel.md). Two are checkpoints that mishandle the model-parallel RNG
 // tracker's stream (SegmentCall::generators); two are framework bugs around a correct checkpoint (the
 // builtin), applied by the trainer to the sharded model (ParallelFault); one is a reentrant design that
-// differentiates its recompute in two passes, so every backward collective inside it runs twice.
+// differentiates its recompute in two passes, so every backward collective inside it runs twice; one,
+// on Cases with dp > 1, is torch's reentrant design, whose nested backward fires the data-parallel
+// reducer's hook of a shared parameter twice.
 #include "verifier/impls/faults/faults.hpp"
 #include "verifier/impls/faults/frame_impl.hpp"
 #include "verifier/impls/faults/reentrant.hpp"
@@ -95,6 +97,35 @@ ImplEntry reentrant_two_pass() {
                 return std::make_unique<ReentrantCheckpoint>(v);
               }};
   e.info.case_fields = "tp=2";
+  return e;
+}
+
+ImplEntry reentrant_nested_backward() {
+  ImplEntry e{{"reentrant-nested-backward",
+               "a reentrant checkpoint whose recompute runs a nested backward (as torch's use_reentrant=True): a "
+               "parameter read by two checkpointed segments is accumulated, and its data-parallel hook fires, once "
+               "per nested backward",
+               "collective-ledger", "dp>1 with a parameter read by two checkpointed segments (tie=blocks)"},
+              [] {
+                ReentrantVariant v;
+                v.nested_backward = true;
+                return std::make_unique<ReentrantCheckpoint>(v);
+              }};
+  e.info.case_fields = "dp=2 tie=blocks";
+  return e;
+}
+
+ImplEntry grads_by_hand() {
+  ImplEntry e{{"grads-by-hand",
+               "a reentrant checkpoint that adds its parameters' gradients to .grad by hand instead of returning "
+               "them: their accumulators never run, so a data-parallel reducer never averages them",
+               "parallel-consistency", "dp>1 with a checkpointed segment whose parameters train"},
+              [] {
+                ReentrantVariant v;
+                v.params_by_hand = true;
+                return std::make_unique<ReentrantCheckpoint>(v);
+              }};
+  e.info.case_fields = "dp=2";
   return e;
 }
 
