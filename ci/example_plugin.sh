@@ -13,12 +13,14 @@ cmake --build "$out" -j "${CKVERIFY_JOBS:-$(nproc)}"
 ck="$prefix/bin/ckverify"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
-# Two runs: the design runs a hook once per nested backward, so hooks go with neither shared parameters
-# nor a gradient penalty (examples/plugin/README.md).
-"$ck" check --impl "$out/libexample_checkpoint.so" --only hook=none --cases 300 --time-budget 300
+# Two runs: the design runs a hook once per nested backward, so hooks (a data-parallel reducer's among
+# them) go with neither shared parameters nor a gradient penalty (examples/plugin/README.md).
+"$ck" check --impl "$out/libexample_checkpoint.so" --only hook=none --only dp=1 --cases 300 --time-budget 300
 "$ck" check --impl "$out/libexample_checkpoint.so" --only tie=none --only gp=0 --cases 300 --time-budget 300
-# Tensor-parallel Cases (docs/parallel.md): the plugin replays the model-parallel stream it is shown.
-"$ck" check --impl "$out/libexample_checkpoint.so" --only tp=2 --only hook=none --cases 20 --time-budget 300
+# Tensor- and data-parallel Cases (docs/parallel.md): the plugin replays the model-parallel stream it is
+# shown; under dp=2 on unshared weights each parameter's accumulator, and reducer hook, runs once.
+"$ck" check --impl "$out/libexample_checkpoint.so" --only tp=2 --only hook=none --only dp=1 --cases 20 --time-budget 300
+"$ck" check --impl "$out/libexample_checkpoint.so" --only dp=2 --only tie=none --cases 12 --time-budget 300
 set +e
 "$ck" check --impl "$out/libexample_buggy.so" --cases 300 --time-budget 300 > buggy.txt 2>&1
 code=$?
@@ -30,6 +32,7 @@ fi
 # marks its recomputes); the off-by-one grouping fails recompute-count, naming the block run twice.
 "$ck" check --strategy "$out/libexample_strategy.so:segments=2" --cases 100 --time-budget 300
 "$ck" check --strategy "$out/libexample_strategy.so:segments=2" --only tp=2 --cases 10 --time-budget 300
+"$ck" check --strategy "$out/libexample_strategy.so:segments=2" --only dp=2 --cases 6 --time-budget 300
 "$ck" check --strategy "$out/libexample_strategy.so:segments=3" --only layers=7 --cases 30 --time-budget 300
 set +e
 # A block run twice also redraws its dropout masks (rng-replay fails first, in report order):

@@ -14,7 +14,7 @@
 
 namespace ckv::cli {
 
-constexpr int kRankFaultShrinkRuns = 8;
+constexpr int kRankFaultShrinkRuns = 4;
 
 CLI::App* add_faults(CLI::App& app, FaultsArgs& a) {
   CLI::App* faults = app.add_subcommand(

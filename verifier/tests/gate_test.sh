@@ -347,5 +347,22 @@ grep -q "per-case timeout of 5 s" tp-hang.json || { bad "tp hang: timeout not na
 sleep 1
 pgrep -f "ckverify rank --case" >/dev/null && bad "tp hang: a rank outlived the run"
 
+# Data-parallel Cases: dp=2 splits each step's micro-batches between two replicas whose reducer averages
+# the gradients; the gathered records are those of one process running every micro-batch, so the fp64
+# reference judges them; torch's reentrant design fires a shared parameter's reducer hook twice.
+expect 0 "check --only dp=2 on the builtin" -- "$ck" check --cases 4 -j 2 --only dp=2
+grep -q "^held  parallel-consistency on 4/4 cases" out.txt || { bad "dp=2: parallel-consistency not judged on every case"; cat out.txt; }
+"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block micro=2 dp=2 tie=blocks > dp.json
+expect 0 "repro of a dp=2 Case" -- "$ck" repro dp.json
+grep -q "^held  grad-reference: 1 step(s)" out.txt || { bad "dp=2: the gathered records not judged by the reference"; cat out.txt; }
+grep -q "^held  collective-ledger: rank 0 issued 0 forward, 0 recompute and [1-9][0-9]* backward" out.txt ||
+  { bad "dp=2: the reducer's collectives not counted"; cat out.txt; }
+expect 2 "train refuses a dp=2 Case" -- "$ck" train dp.json
+one_line_error "train of a dp=2 Case"
+python3 -c "import json; c=json.load(open('dp.json')); c['impl']='reentrant-nested-backward'; json.dump(c,open('dp-fault.json','w'))"
+expect 1 "repro of a dp=2 Case under reentrant-nested-backward" -- "$ck" repro dp-fault.json
+grep -q "^FAILED collective-ledger" out.txt || { bad "reentrant-nested-backward: not collective-ledger"; cat out.txt; }
+grep -q "fired more often than once per backward" out.txt || { bad "reentrant-nested-backward: the reducer not named"; cat out.txt; }
+
 echo "gate_test: $fails failure(s)"
 exit $((fails > 0))

@@ -27,8 +27,11 @@ grep -q "bn.running_mean" out.txt || bad "the BatchNorm statistics are not named
 # only, not the model-parallel stream of a tp Case (below).
 expect 0 "use_reentrant=false without side-effecting modules" -- "$ck" check --impl $tuc:use_reentrant=false --only fx=none \
   --only tp=1 --cases 300 --time-budget 150 --json nonreentrant.json
+# use_reentrant=true's nested backward runs a shared parameter's accumulator, and so a DDP reducer's hook,
+# once per nested backward (torch documents reentrant checkpointing under DDP as unsupported unless
+# static_graph=True): its documented limits include dp=1 (below: the finding at dp=2).
 expect 0 "use_reentrant=true within its documented limits" -- "$ck" check --impl $tuc:use_reentrant=true --only fx=none \
-  --only gp=0 --only input=trainable --only hook=none --only prec=fp32 --only tp=1 --cases 300 --time-budget 150
+  --only gp=0 --only input=trainable --only hook=none --only prec=fp32 --only tp=1 --only dp=1 --cases 300 --time-budget 150
 # Parameters edited in place between micro-batches: both modes recompute from the values their forward read.
 for mode in false true; do
   limits=(); [ $mode = true ] && limits=(--only gp=0 --only input=trainable --only hook=none --only prec=fp32)
@@ -92,6 +95,16 @@ expect 1 "torch.utils.checkpoint not told of the tracker on a tp=2 Case" -- "$ck
 grep -q "^FAILED rng-replay" out.txt || { bad "plain torch checkpoint on tp=2: not rng-replay"; cat out.txt; }
 grep -q "inside a tensor-parallel region and draws from the model-parallel stream" out.txt ||
   { bad "plain torch checkpoint on tp=2: the stream not named"; cat out.txt; }
+# Data-parallel Cases: the adapter (non-reentrant) passes; use_reentrant=true on blocks that share their
+# weights fires the reducer's hook of each shared parameter once per nested backward.
+expect 0 "torch's checkpoint through the adapter on dp=2 Cases" -- "$ck" check --impl py:ckverify.adapters:torch_checkpoint \
+  --only dp=2 --only fx=none --cases 6 --time-budget 150
+"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block micro=2 dp=2 tie=blocks > dp-reentrant.json
+python3 -c "import json,sys; c=json.load(open('dp-reentrant.json')); c['impl']=sys.argv[1]; json.dump(c,open('dp-reentrant.json','w'))" \
+  "$tuc:use_reentrant=true"
+expect 1 "torch.utils.checkpoint(use_reentrant=True) under a data-parallel reducer" -- "$ck" repro dp-reentrant.json
+grep -q "^FAILED collective-ledger" out.txt || { bad "use_reentrant=true on dp=2: not collective-ledger"; cat out.txt; }
+grep -q "fired more often than once per backward" out.txt || { bad "use_reentrant=true on dp=2: the reducer not named"; cat out.txt; }
 expect 1 "a recompute marked as a first forward fails side-effect-once" -- "$ck" check \
   --impl py:ckverify_test_impls:forgets_recompute --only fx=counter,log,bn,cache --only batch=2 --only seq=4 --cases 60
 grep -q "^FAILED side-effect-once" out.txt || { bad "forgets_recompute headline"; cat out.txt; }
