@@ -470,20 +470,23 @@ TEST(CaseFields, EveryMemberIsAFieldThatRoundTrips) {
 namespace ckv {
 namespace {
 
+// The Case line is refused with an error that contains `names`.
+void expect_refused(const std::string& line, const std::string& names) {
+  try {
+    case_from_line(line);
+    ADD_FAILURE() << line << " was accepted";
+  } catch (const CaseError& e) {
+    EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+  }
+}
+
 // tp: 1, 2 or 4, on a model that splits (heads and the FFN width divide by it), on the CPU, without
 // what ranks do not run yet; each refusal names the rule.
 TEST(CaseTp, ValidatesWhatRanksCanRun) {
   const std::string base = "layers=2 d=8 heads=2 ffn=2 ";
   EXPECT_EQ(case_from_line(base + "tp=2").tp, 2);
   EXPECT_EQ(to_line(case_from_line(base + "tp=1")).find("tp="), std::string::npos);  // the default is not printed
-  auto refused = [&](const std::string& extra, const std::string& names) {
-    try {
-      case_from_line(base + extra);
-      ADD_FAILURE() << extra << " was accepted";
-    } catch (const CaseError& e) {
-      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
-    }
-  };
+  auto refused = [&](const std::string& extra, const std::string& names) { expect_refused(base + extra, names); };
   refused("tp=3", "tp=3 is not one of 1|2|4");
   refused("tp=4", "heads divisible");
   refused("tp=2 heads=1 d=6 ffn=1", "heads divisible");
@@ -506,14 +509,7 @@ TEST(CaseDp, ValidatesWhatReplicasCanRun) {
   EXPECT_EQ(c.dp, 2);
   EXPECT_EQ(c.ranks(), 4);
   EXPECT_EQ(to_line(case_from_line(base + "dp=1")).find("dp="), std::string::npos);
-  auto refused = [&](const std::string& extra, const std::string& names) {
-    try {
-      case_from_line(base + extra);
-      ADD_FAILURE() << extra << " was accepted";
-    } catch (const CaseError& e) {
-      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
-    }
-  };
+  auto refused = [&](const std::string& extra, const std::string& names) { expect_refused(base + extra, names); };
   refused("dp=4", "dp");
   refused("dp=2 micro=3", "dp=2 splits the step's micro-batches between the replicas: it needs micro divisible");
   refused("dp=2 device=cuda", "device=cpu");

@@ -44,6 +44,18 @@ struct TrackerLeftAdvancedFrame : checkpoint_detail::RecomputeFrame {
   }
 };
 
+// The reentrant skeleton with one variant flag set, searched on Cases with `case_fields`.
+ImplEntry reentrant(const char* name, const char* what, const char* killed_by, const char* exposed,
+                    const char* case_fields, bool ReentrantVariant::*flag) {
+  ImplEntry e{{name, what, killed_by, exposed}, [flag] {
+                ReentrantVariant v;
+                v.*flag = true;
+                return std::make_unique<ReentrantCheckpoint>(v);
+              }};
+  e.info.case_fields = case_fields;
+  return e;
+}
+
 ImplEntry framework(const char* name, const char* what, const char* killed_by, const char* exposed, ParallelFault f) {
   ImplEntry e{{name, what, killed_by, exposed}, [] { return make_builtin(); }};
   e.info.parallel_fault = f;
@@ -87,46 +99,28 @@ ImplEntry replicated_from_stream() {
 }
 
 ImplEntry reentrant_two_pass() {
-  ImplEntry e{{"reentrant-two-pass",
-               "a reentrant checkpoint that differentiates its recompute in two passes (inputs, then parameters): "
-               "every backward collective inside a segment runs twice",
-               "collective-ledger", "tp>1 with a checkpointed segment whose inputs and parameters both need grad"},
-              [] {
-                ReentrantVariant v;
-                v.two_pass = true;
-                return std::make_unique<ReentrantCheckpoint>(v);
-              }};
-  e.info.case_fields = "tp=2";
-  return e;
+  return reentrant("reentrant-two-pass",
+                   "a reentrant checkpoint that differentiates its recompute in two passes (inputs, then parameters): "
+                   "every backward collective inside a segment runs twice",
+                   "collective-ledger", "tp>1 with a checkpointed segment whose inputs and parameters both need grad",
+                   "tp=2", &ReentrantVariant::two_pass);
 }
 
 ImplEntry reentrant_nested_backward() {
-  ImplEntry e{{"reentrant-nested-backward",
-               "a reentrant checkpoint whose recompute runs a nested backward (as torch's use_reentrant=True): a "
-               "parameter read by two checkpointed segments is accumulated, and its data-parallel hook fires, once "
-               "per nested backward",
-               "collective-ledger", "dp>1 with a parameter read by two checkpointed segments (tie=blocks)"},
-              [] {
-                ReentrantVariant v;
-                v.nested_backward = true;
-                return std::make_unique<ReentrantCheckpoint>(v);
-              }};
-  e.info.case_fields = "dp=2 tie=blocks";
-  return e;
+  return reentrant("reentrant-nested-backward",
+                   "a reentrant checkpoint whose recompute runs a nested backward (as torch's use_reentrant=True): a "
+                   "parameter read by two checkpointed segments is accumulated, and its data-parallel hook fires, "
+                   "once per nested backward",
+                   "collective-ledger", "dp>1 with a parameter read by two checkpointed segments (tie=blocks)",
+                   "dp=2 tie=blocks", &ReentrantVariant::nested_backward);
 }
 
 ImplEntry grads_by_hand() {
-  ImplEntry e{{"grads-by-hand",
-               "a reentrant checkpoint that adds its parameters' gradients to .grad by hand instead of returning "
-               "them: their accumulators never run, so a data-parallel reducer never averages them",
-               "parallel-consistency", "dp>1 with a checkpointed segment whose parameters train"},
-              [] {
-                ReentrantVariant v;
-                v.params_by_hand = true;
-                return std::make_unique<ReentrantCheckpoint>(v);
-              }};
-  e.info.case_fields = "dp=2";
-  return e;
+  return reentrant("grads-by-hand",
+                   "a reentrant checkpoint that adds its parameters' gradients to .grad by hand instead of returning "
+                   "them: their accumulators never run, so a data-parallel reducer never averages them",
+                   "parallel-consistency", "dp>1 with a checkpointed segment whose parameters train", "dp=2",
+                   &ReentrantVariant::params_by_hand);
 }
 
 }  // namespace ckv::faults
