@@ -655,16 +655,16 @@ void validate(const Case& c) {
     auto needs = [&](bool ok, const std::string& what) {
       if (!ok) fail("dp=" + std::to_string(c.dp) + " " + what);
     };
+    needs(!m.has(kBatchNorm) && !m.has(kCache),
+          "needs neither fx=bn nor fx=cache (state kept across the micro-batches of a step: each replica's would "
+          "see only its own)");
+    needs(c.device == "cpu", "runs its replicas' collectives over Gloo on the CPU: it needs device=cpu");
+    needs(c.gp == 0.0, "needs gp=0 (the reducer's average is not differentiated a second time)");
+    needs(!c.inplace, "needs inplace=false (the in-place experiments are not built for ranks yet)");
     needs(c.micro % c.dp == 0,
           "splits the step's micro-batches between the replicas: it needs micro divisible by "
           "it (micro=" +
               std::to_string(c.micro) + ")");
-    needs(c.device == "cpu", "runs its replicas' collectives over Gloo on the CPU: it needs device=cpu");
-    needs(c.gp == 0.0, "needs gp=0 (the reducer's average is not differentiated a second time)");
-    needs(!c.inplace, "needs inplace=false (the in-place experiments are not built for ranks yet)");
-    needs(!m.has(kBatchNorm) && !m.has(kCache),
-          "needs neither fx=bn nor fx=cache (state kept across the micro-batches of a step: each replica's would "
-          "see only its own)");
     needs(c.resume % c.micro == 0,
           "needs resume at a step boundary, a multiple of micro (inside a step the replicas are at other "
           "micro-batches of it)");
