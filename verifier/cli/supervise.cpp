@@ -171,6 +171,34 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   int fd = fds[0];
   int status = 0;
   Clock::time_point reported_at{}, forwarded_at{};
+  // Reads what is on the report pipe and takes in every whole line; false at its end (or an error).
+  auto read_report = [&]() {
+    char chunk[4096];
+    const ssize_t got = ::read(fd, chunk, sizeof chunk);
+    if (got <= 0) return got < 0 && (errno == EINTR || errno == EAGAIN);
+    buffer.append(chunk, static_cast<size_t>(got));
+    for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
+      std::string line = buffer.substr(0, nl);
+      if (line.compare(0, token.size() + 1, token + " ") != 0) {  // not written by ckverify
+        if (forged.empty()) forged = line.empty() ? std::string("(an empty line)") : line;
+        continue;
+      }
+      line.erase(0, token.size() + 1);
+      if (line.empty()) continue;
+      if (line[0] == 'p') last_progress = Clock::now();
+      if (line[0] == 'f') foreign.push_back(line.substr(1)), last_progress = Clock::now();
+      if (line[0] == 'u') escaped = true;
+      if (line[0] == 'r' && reported < 0) {
+        try {
+          reported = std::stoi(line.substr(1));
+        } catch (const std::exception&) {
+          reported = kExitInternal;
+        }
+        reported_at = Clock::now();
+      }
+    }
+    return true;
+  };
   for (;;) {
     // One wait over the report pipe and the child's output (poll skips a closed one: fd -1).
     pollfd p[4] = {{fd, POLLIN, 0}};
@@ -178,35 +206,7 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     const int n = ::poll(p, 4, 100);
     for (int k = 0; n > 0 && k < 3; ++k)
       if (p[k + 1].revents != 0 && !pump(k)) ::close(outs[k]), outs[k] = -1;
-    if (n > 0 && p[0].revents != 0) {
-      char chunk[4096];
-      const ssize_t got = ::read(fd, chunk, sizeof chunk);
-      if (got > 0) {
-        buffer.append(chunk, static_cast<size_t>(got));
-        for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
-          std::string line = buffer.substr(0, nl);
-          if (line.compare(0, token.size() + 1, token + " ") != 0) {  // not written by ckverify
-            if (forged.empty()) forged = line.empty() ? std::string("(an empty line)") : line;
-            continue;
-          }
-          line.erase(0, token.size() + 1);
-          if (line.empty()) continue;
-          if (line[0] == 'p') last_progress = Clock::now();
-          if (line[0] == 'f') foreign.push_back(line.substr(1)), last_progress = Clock::now();
-          if (line[0] == 'u') escaped = true;
-          if (line[0] == 'r' && reported < 0) {
-            try {
-              reported = std::stoi(line.substr(1));
-            } catch (const std::exception&) {
-              reported = kExitInternal;
-            }
-            reported_at = Clock::now();
-          }
-        }
-      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-        ::close(fd), fd = -1;
-      }
-    }
+    if (n > 0 && p[0].revents != 0 && !read_report()) ::close(fd), fd = -1;
     const pid_t w = ::waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
     if (forwarded_signal && !forwarded) {
@@ -234,6 +234,11 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
       ::kill(pid, SIGKILL);
     }
   }
+  // What the child wrote on the report pipe just before it ended, which the loop may not have read yet
+  // (its exit seen first): a report the child made counts (reading stops where nothing more is there,
+  // so a process it forked that holds the pipe open cannot keep this waiting).
+  for (pollfd q{fd, POLLIN, 0}; fd >= 0 && ::poll(&q, 1, 0) > 0 && q.revents != 0; q.fd = fd)
+    if (!read_report()) ::close(fd), fd = -1;
   if (fd >= 0) ::close(fd);
   ::kill(-pid, SIGKILL);  // whatever the implementation forked dies with the command
   kill_orphans({});       // and what it forked out of the group
