@@ -108,7 +108,7 @@ struct DeepShape {
 };
 inline constexpr int kDeepShare = 12;
 inline constexpr int kDeepMinLayers = 12, kDeepMaxLayers = 40;
-// Tensor-parallel Cases: 3 draws in kTpDraws (gen_case_free).
+// Cases that run as ranks (tp or dp > 1): 3 draws in kTpDraws (gen_case_free).
 inline constexpr int kTpDraws = 128;
 
 inline rc::Gen<DeepShape> gen_deep() {
@@ -158,14 +158,13 @@ inline rc::Gen<Case> gen_case_free(const CaseGenOptions& o) {
   // One Case in eight draws per-token jitter (random ops other than dropout and the noise module).
   const auto rand = pick(RandOp::none, RandOp::none, RandOp::none, RandOp::none, RandOp::none, RandOp::none,
                          RandOp::none, RandOp::jitter);
-  // A bounded share of Cases that run as ranks (5 draws in kTpDraws: tp=2 twice, tp=4 once, dp=2 with
-  // tp=1 once and with tp=2 once): each runs as processes of its own, tens of times the cost of a case
-  // in one process. Shrinking takes the draw to 0, tp=dp=1, first.
+  // A bounded share of Cases that run as ranks (3 draws in kTpDraws: tp=2, tp=4 and dp=2 once each):
+  // each runs as processes of its own, tens of times the cost of a case in one process (the two
+  // degrees together: `--only`). Shrinking takes the draw to 0, tp=dp=1, first.
   const auto degrees = gen::map(gen::inRange(0, kTpDraws), [](int i) {
-    if (i >= kTpDraws - 1) return std::pair<int, int>{4, 1};
-    if (i >= kTpDraws - 3) return std::pair<int, int>{2, 1};
-    if (i == kTpDraws - 4) return std::pair<int, int>{1, 2};
-    if (i == kTpDraws - 5) return std::pair<int, int>{2, 2};
+    if (i == kTpDraws - 1) return std::pair<int, int>{4, 1};
+    if (i == kTpDraws - 2) return std::pair<int, int>{2, 1};
+    if (i == kTpDraws - 3) return std::pair<int, int>{1, 2};
     return std::pair<int, int>{1, 1};
   });
   const auto tpkeep = pick(TpKeep::none, TpKeep::reduced);  // a tensor-parallel Case's selective plan, or not
