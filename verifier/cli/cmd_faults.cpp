@@ -14,7 +14,7 @@
 
 namespace ckv::cli {
 
-constexpr int kRankFaultShrinkRuns = 4;
+constexpr int kRankFaultShrinkRuns = 2;
 
 CLI::App* add_faults(CLI::App& app, FaultsArgs& a) {
   CLI::App* faults = app.add_subcommand(
@@ -63,7 +63,7 @@ int run_faults(const FaultsArgs& a) {
   check_device(device);
   std::cout << "ckverify faults: up to " << cases << " cases per fault, seed=" << seed << " device=" << device
             << (plugin.empty() ? "" : " via the plugin " + sanitize(plugin, 200)) << "\n\n";
-  std::printf("%-24s %-16s %8s  %s\n", "fault", "killed by", "cases", "shrunk case");
+  std::printf("%-24s %-16s %8s %8s  %s\n", "fault", "killed by", "cases", "seconds", "shrunk case");
   json rows = json::array();
   int survivors = 0;
   for (const auto& e : known_impls()) {
@@ -71,14 +71,14 @@ int run_faults(const FaultsArgs& a) {
     if (info.killed_by.empty()) continue;
     if (!a.only.empty() && std::find(a.only.begin(), a.only.end(), info.name) == a.only.end()) continue;
     if (const std::string why = unobservable_here(info, device); !why.empty()) {
-      std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", why.c_str());
+      std::printf("%-24s %-16s %8s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", "-", why.c_str());
       rows.push_back({{"fault", info.name}, {"expected", info.killed_by}, {"run", false}, {"why", why}});
       continue;
     }
     if (!plugin.empty() && (info.state_fault != StateFault::none || info.parallel_fault != ParallelFault::none)) {
       // Not a checkpoint: the state saver, or the sharded model, is broken.
       const bool resume = info.state_fault != StateFault::none;
-      std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), "NOT RUN", "-",
+      std::printf("%-24s %-16s %8s %8s  %s\n", info.name.c_str(), "NOT RUN", "-", "-",
                   resume ? "a resume fault lives in ckverify's state saver, not in a plugin"
                          : "a tensor-parallel framework fault lives in ckverify's sharded model, not in a plugin");
       rows.push_back({{"fault", info.name},
@@ -104,7 +104,8 @@ int run_faults(const FaultsArgs& a) {
     const bool killed = !r.property.empty();
     survivors += !killed;
     const std::string kills = killed ? std::to_string(r.failing_index + 1) : "-";
-    std::printf("%-24s %-16s %8s  %s\n", info.name.c_str(), killed ? r.property.c_str() : "SURVIVED", kills.c_str(),
+    std::printf("%-24s %-16s %8s %8.1f  %s\n", info.name.c_str(), killed ? r.property.c_str() : "SURVIVED",
+                kills.c_str(), r.elapsed_s,
                 killed ? to_line(r.failing_case).c_str() : ("after " + std::to_string(r.ran) + " cases").c_str());
     std::fflush(stdout);
     rows.push_back({{"fault", info.name},
@@ -115,6 +116,8 @@ int run_faults(const FaultsArgs& a) {
                     {"killed_by", r.property},
                     {"cases_to_kill", killed ? r.failing_index + 1 : 0},
                     {"cases_run", r.ran},
+                    {"seconds", r.elapsed_s},
+                    {"shrink_runs", r.shrink_runs},
                     {"shrunk_case", killed ? to_line(r.failing_case) : ""},
                     {"shrink_cut_short", r.shrink_cut_short}});
   }
