@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# verifier/tests/cli_test.sh CKVERIFY TMPDIR [faults|no-faults]: the gate's contract: exit codes, the repro file and its
+# verifier/tests/cli_test.sh CKVERIFY TMPDIR: the gate's contract: exit codes, the repro file and its
 # replay, the reports, one-line errors that leave nothing half-written, outputs that are only ever
-# regular files, the time budget, and `faults` killing every fault.
+# regular files, and the time budget (`faults` killing every fault: faults_test.sh).
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ck="$1"; tmp="$2"
@@ -335,11 +335,5 @@ expect 0 "the time budget bounds the run" -- "$ck" check --cases 20000000 --time
 [ $(( $(date +%s) - start )) -le 30 ] || bad "a 2 s budget took $(( $(date +%s) - start )) s"
 grep -q "time budget of 2 s reached" out.txt || bad "budget not reported"
 
-if [ "${3:-faults}" = faults ]; then
-  expect 0 "every fault is killed" -- "$ck" faults --cases 500 --json faults.json
-  bash "$here/faults_table_check.sh" "$ck" out.txt faults.json || bad "the faults table"
-else
-  echo "faults: run by gate_tests on this build (the same command)"
-fi
 echo "cli_test: $fails failure(s)"
 exit $((fails > 0))

@@ -3,7 +3,6 @@
 #   isolation: a plugin that segfaults, aborts, throws a non-exception, exits or hangs is a finding
 #     (exit 1, a whole report, a repro line), never a crash or a hang of ckverify;
 #   plugin loading: each load error is one line and exit 2;
-#   the faults plugin: every fault loaded through the plugin path is killed exactly as the built-in one;
 #   workers: the verdict and the report are the same for -j 1 and -j 2;
 #   shards: three shards merged equal the unsharded run (passing and failing); merge refuses bad input.
 set -u
@@ -18,7 +17,7 @@ mis="$plugins/libckverify_misbehave.so"
 # Isolation: each way of dying is a completes finding with the case and a repro line.
 for mode in segv abort throw exit; do
   expect 1 "a plugin that does $mode is a finding" -- "$ck" check --impl "$mis:mode=$mode" --plan block --cases 5 -j 2 \
-    --json "$mode.json" --repro-file "$mode-repro.json" --time-budget 10
+    --json "$mode.json" --repro-file "$mode-repro.json" --time-budget 6
   grep -q "^FAILED completes" out.txt || { bad "$mode: headline"; cat out.txt; }
   grep -q "ckverify repro $mode-repro.json" out.txt || bad "$mode: no repro line"
   python3 -c "import json; r=json.load(open('$mode.json')); assert r['failure']['property']=='completes'" || bad "$mode: report"
@@ -84,7 +83,8 @@ grep -q "digest" fork.txt || bad "train with a forking plugin: no digest"
 # finding of the case (not a pass, not a shifted result); one that forks a process carrying on into
 # ckverify's code, or reads and closes its stdin, gets the verdict of the same plugin that does not
 # (the plain run: recompute-count); one that closes every descriptor is a finding, not a hang.
-expect 1 "a plugin that forges answers" -- "$ck" check --impl "$mis:mode=forge" --plan block --cases 3 -j 2 --json forge.json
+expect 1 "a plugin that forges answers" -- "$ck" check --impl "$mis:mode=forge" --plan block --cases 3 -j 2 --json forge.json \
+  --time-budget 6
 grep -q "^FAILED completes" out.txt || { bad "forge: headline"; cat out.txt; }
 grep -q "answer channel" forge.json || { bad "forge: the forged line is not named"; cat out.txt; }
 sv_case sv-forge.json forge
@@ -98,7 +98,7 @@ for mode in forkrun stdin; do
   [ "$(grep "^FAILED" out.txt)" = "$control" ] || { bad "$mode: not the plain plugin's verdict"; cat out.txt; }
 done
 start=$(date +%s)
-expect 1 "a plugin that closes every descriptor" -- "$ck" check --impl "$mis:mode=closefds" --plan block --cases 3 -j 2
+expect 1 "a plugin that closes every descriptor" -- "$ck" check --impl "$mis:mode=closefds" --plan block --cases 3 -j 2 --time-budget 6
 grep -q "^FAILED completes" out.txt || { bad "closefds: headline"; cat out.txt; }
 [ $(( $(date +%s) - start )) -le 90 ] || bad "closefds took $(( $(date +%s) - start )) s"
 pgrep -f "$mis:mode=forkrun" >/dev/null && { bad "a process forked by the plugin outlived check"; pkill -9 -f "$mis:mode=forkrun"; }
@@ -181,12 +181,16 @@ grep -q "killed by SIGKILL from outside ckverify" err.txt || { bad "outside kill
 one_line_error "outside kill"
 expect 2 "a run out of memory is the environment's" -- "$ck" check --impl "$mis:mode=oom" --plan block --cases 2 -j 1
 grep -q "ran out of memory" err.txt || { bad "out of memory: not named"; cat err.txt; }
-"$ck" case layers=8 d=96 heads=4 seq=96 batch=4 steps=3 plan=every2 > slow.json
-"$ck" repro slow.json --case-timeout 8 >out.txt 2>err.txt &
-pid=$!; sleep 3
-kill -STOP $pid $(pgrep -P $pid); sleep 10; kill -CONT $(pgrep -P $pid) $pid
+# The Case runs about 4 s on an idle machine; it is stopped 1 s after its worker starts, so mid-case.
+"$ck" case layers=8 d=96 heads=4 seq=96 batch=4 steps=8 plan=every2 > slow.json
+"$ck" repro slow.json --case-timeout 10 >out.txt 2>err.txt &
+pid=$!
+for k in $(seq 100); do [ -n "$(pgrep -P $pid)" ] && break; sleep 0.1; done
+sleep 1
+kill -STOP $pid $(pgrep -P $pid) || bad "the job to stop mid-case had ended before it was stopped"
+sleep 12; kill -CONT $(pgrep -P $pid) $pid
 wait $pid; rc=$?
-[ $rc = 0 ] || { bad "a job stopped for 10 s mid-case: exit $rc, not 0"; cat out.txt err.txt; }
+[ $rc = 0 ] || { bad "a job stopped for 12 s mid-case: exit $rc, not 0"; cat out.txt err.txt; }
 
 # Workers die with ckverify: a run stopped by SIGTERM (a CI timeout) leaves no worker behind.
 "$ck" check --impl "$mis:mode=hang,at=2" --plan block --cases 2 -j 2 --case-timeout 300 >/dev/null 2>&1 &
@@ -194,7 +198,7 @@ pid=$!; sleep 8; kill -TERM $pid; wait $pid 2>/dev/null; sleep 2
 pgrep -f "worker --impl $mis:mode=hang,at=2" >/dev/null && { bad "workers outlived a killed ckverify"; pkill -9 -f "worker --impl $mis:mode=hang,at=2"; }
 # A relative plugin path is stored absolute: the repro file replays from any directory.
 cp "$mis" mb.so
-expect 1 "a relative plugin path" -- "$ck" check --impl mb.so:mode=abort --plan block --cases 2 --repro-file rel.json
+expect 1 "a relative plugin path" -- "$ck" check --impl mb.so:mode=abort --plan block --cases 2 --repro-file rel.json --time-budget 6
 mkdir -p elsewhere
 (cd elsewhere && "$ck" repro ../rel.json >../out.txt 2>&1); [ $? = 1 ] || { bad "repro of a relative plugin from elsewhere"; cat out.txt; }
 # The time budget bounds a run whose cases hang: cases in flight at the budget are stopped.
@@ -228,37 +232,9 @@ expect 2 "a malformed option list" -- "$ck" check --impl "$mis:mode" --cases 1
 expect 2 "a directory as the plugin" -- "$ck" check --impl "$plugins/" --cases 1
 [ ! -e ckverify-repro.json ] || bad "a refused run wrote a repro file"
 
-# The faults plugin: faults through the loader, killed as the built-in ones are (one or two per
-# property: the plugin compiles the same fault code; what differs is the loading and the options).
-through=no-preserve-rng,replays-effects,keep-activations,no-autocast-replay,recompute-twice,single-recompute
-through+=,no-version-check,no-restore-on-throw,inputs-only-grad
-expect 0 "faults through the plugin loader" -- "$ck" faults --plugin "$plugins/libckverify_faults.so" --cases 500 \
-  --fault "$through" --json via-plugin.json
-[ "$(grep -c "^[a-z-]* \+[a-z-]\+ \+[0-9]\+ " out.txt)" = 9 ] || { bad "faults --fault: not the 9 faults named"; cat out.txt; }
+# `faults --fault` names faults only (the faults table itself runs in faults_test.sh).
 expect 2 "faults --fault that is not a fault" -- "$ck" faults --fault builtin
 one_line_error "faults --fault builtin"
-expect 0 "faults through the built-in table" -- "$ck" faults --cases 500 --json builtin.json
-bash "$here/faults_table_check.sh" "$ck" out.txt builtin.json || bad "the faults table"
-python3 - <<'PY' || bad "the plugin path kills differently from the built-in path"
-import json, re
-a = {r["fault"]: r for r in json.load(open("builtin.json"))["faults"]}
-b = {r["fault"]: r for r in json.load(open("via-plugin.json"))["faults"]}
-strip = lambda s: re.sub(r" impl=\S+", "", s)
-n = 0
-for name, r in b.items():
-    if not r["run"]:
-        assert a[name]["expected"] == "resume" or not a[name]["run"], name
-        continue
-    x = a[name]
-    assert r["killed"] and r["killed_by"] == x["killed_by"], (name, r, x)
-    assert r["cases_to_kill"] == x["cases_to_kill"], (name, r["cases_to_kill"], x["cases_to_kill"])
-    # A shrink the time budget cut short ends where the machine's speed left it: not comparable.
-    if not r["shrink_cut_short"] and not x["shrink_cut_short"]:
-        assert strip(r["shrunk_case"]) == strip(x["shrunk_case"]), (name, r["shrunk_case"], x["shrunk_case"])
-    n += 1
-assert n == 9, n
-print(f"{n} faults killed identically through the plugin")
-PY
 
 # Workers: the same verdict and report whatever their number.
 expect 0 "-j 1" -- "$ck" check --cases 40 -j 1 --json j1.json

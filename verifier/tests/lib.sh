@@ -3,8 +3,9 @@
 fails=0
 bad() { echo "FAIL: $*"; fails=$((fails+1)); }
 expect() {  # expect CODE DESCRIPTION -- command...
-  local want="$1" what="$2"; shift 3
+  local want="$1" what="$2" t0=$SECONDS; shift 3
   "$@" >out.txt 2>err.txt; local got=$?
-  if [ "$got" != "$want" ]; then bad "$what: exit $got, expected $want"; cat out.txt err.txt; else echo "ok: $what"; fi
+  if [ "$got" != "$want" ]; then bad "$what: exit $got, expected $want"; cat out.txt err.txt
+  else echo "ok: $what ($((SECONDS - t0)) s)"; fi
 }
 one_line_error() { [ "$(wc -l < err.txt)" = 1 ] || { bad "$1: error is not one line"; cat err.txt; }; }
