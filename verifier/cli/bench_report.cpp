@@ -119,6 +119,21 @@ std::string bench_table(const BenchResult& r) {
   for (const PlanBench& p : r.plans)
     if (!p.verified_detail.empty())
       s += fmt::format("verification of {} {}: {}\n  {}\n", row_name(p), p.verified, "shrunk to", p.verified_detail);
+  if (r.tp * r.dp > 1) {
+    // The collectives each plan repeats: what recomputing costs beyond compute under model parallelism.
+    s += fmt::format(
+        "\ncollectives per step on rank 0 of {} (tp={} dp={}): count x KiB each, ms inside them\n{:<{}} {:>5} {:>22} "
+        "{:>22} {:>22}\n",
+        r.tp * r.dp, r.tp, r.dp, "plan", w, "impl", "forward", "recompute", "backward");
+    auto cell = [](const PassCollectives& c) {
+      return c.count == 0 ? std::string("0")
+                          : fmt::format("{:.0f} x {:.1f}, {:.2f} ms", c.count, c.kib / c.count, c.ms);
+    };
+    for (const PlanBench& p : r.plans)
+      if (p.completed)
+        s += fmt::format("{:<{}} {:>5} {:>22} {:>22} {:>22}\n", p.plan, w, p.impl.empty() ? "-" : impl_tag(r, p.impl),
+                         cell(p.forward_collectives), cell(p.recompute_collectives), cell(p.backward_collectives));
+  }
   if (!r.comparisons.empty()) {
     s += fmt::format("\nagainst [1] {} on the same plan (median of per-round step-time ratios, 95% interval):\n",
                      r.impls.front());
@@ -169,6 +184,12 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                 {"overhead_expected", p.overhead_expected < 0 ? json(nullptr) : json(p.overhead_expected)},
                 {"losses", p.losses},
                 {"loss_divergence", p.loss_divergence}});
+      if (r.tp * r.dp > 1) {
+        auto pass = [](const PassCollectives& c) { return json{{"count", c.count}, {"kib", c.kib}, {"ms", c.ms}}; };
+        j["collectives_per_step"] = {{"forward", pass(p.forward_collectives)},
+                                     {"recompute", pass(p.recompute_collectives)},
+                                     {"backward", pass(p.backward_collectives)}};
+      }
       if (p.budget_batch > 0)
         j["budget"] = {
             {"batch", p.budget_batch}, {"peak_bytes", p.budget_peak}, {"tokens_per_s", p.budget_tokens_per_s}};
@@ -187,11 +208,23 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                            {"interval", {c.ci.lo, c.ci.hi}},
                            {"coverage", c.ci.coverage},
                            {"within_noise", c.ci.contains(1.0)}});
-  json j{{"tool", "ckverify"},   {"command", "bench"},         {"impl", impl},
-         {"impls", r.impls},     {"rounds", r.rounds},         {"converged", r.converged},
-         {"stopped", r.stopped}, {"comparisons", comparisons}, {"device", device},
-         {"threads", threads},   {"case", r.case_line},        {"tokens_per_step", r.tokens_per_step},
-         {"plans", plans},       {"diverged", r.diverged},     {"loss_tolerance", kLossTolerance}};
+  json j{{"tool", "ckverify"},
+         {"command", "bench"},
+         {"impl", impl},
+         {"impls", r.impls},
+         {"rounds", r.rounds},
+         {"converged", r.converged},
+         {"stopped", r.stopped},
+         {"comparisons", comparisons},
+         {"device", device},
+         {"threads", threads},
+         {"case", r.case_line},
+         {"tokens_per_step", r.tokens_per_step},
+         {"plans", plans},
+         {"diverged", r.diverged},
+         {"loss_tolerance", kLossTolerance},
+         {"tp", r.tp},
+         {"dp", r.dp}};
   if (!r.growth.empty())
     j["growth"] = {{"points", growth},
                    {"fit", "peak = c + a * L^k"},

@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <iostream>
 #include <optional>
@@ -27,9 +29,13 @@
 #include "verifier/cli/reporting.hpp"
 #include "verifier/cli/search.hpp"
 #include "verifier/cli/supervise.hpp"
+#include "verifier/dist/group.hpp"
+#include "verifier/dist/ranks.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/amp_audit.hpp"
 #include "verifier/run/bench.hpp"
+#include "verifier/run/parallel.hpp"
+#include "verifier/run/progress.hpp"
 
 namespace ckv::cli {
 namespace {
@@ -78,6 +84,70 @@ void ensure_threads_start(int n) {
                                        started.size() + 1, failed));
 }
 
+// A Case with tp or dp > 1: the same command again as its ranks (dist/ranks.hpp; each rank, seeing
+// CKV_RANK, runs its shard: run_bench below), in a directory of the run's own. Rank 0 prints and writes
+// what a one-process bench would; its output is relayed here. A rank that crashes, hangs past its own
+// --stall-timeout, or fails is named, and takes the others with it.
+int bench_as_ranks(const BenchArgs& a, const Case& c) {
+  std::string templ = (std::filesystem::temp_directory_path() / "ckverify-bench-ranks-XXXXXX").string();
+  if (!::mkdtemp(templ.data())) throw EnvironmentError("cannot create a temporary directory in " + templ);
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove{templ};
+  dist::RankLaunch launch;
+  launch.exe = "/proc/self/exe";
+  launch.args = a.args;
+  launch.world = c.ranks();
+  launch.dir = templ;
+  launch.deadline = std::chrono::hours(24);  // each rank's own --stall-timeout ends a hang
+  // The supervisor sees this process wait, not hang: a heartbeat while the ranks run.
+  std::vector<dist::RankOutcome> outcomes;
+  std::exception_ptr failed;
+  std::atomic<bool> done{false};
+  std::thread ranks([&] {
+    try {
+      outcomes = dist::run_ranks(launch);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    done = true;
+  });
+  while (!done) {
+    progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  ranks.join();
+  if (failed) std::rethrow_exception(failed);
+  auto relay = [&](int rank) {  // without Gloo's own notes on each group it connects ("[Gloo] Rank 0 is ...")
+    std::ifstream out(templ + "/rank" + std::to_string(rank) + ".out", std::ios::binary);
+    for (std::string line; std::getline(out, line);)
+      if (line.rfind("[Gloo] ", 0) != 0) std::cout << line << "\n";
+    std::cout << std::flush;
+  };
+  const dist::RankOutcome* f = dist::first_failure(outcomes);
+  if (f == nullptr) {
+    relay(0);
+    return kExitOk;
+  }
+  if (f->status == dist::RankOutcome::Status::failed && f->code == kExitFailed) {
+    // Rank 0's verdict (a plan failed or diverged), or a rank's own supervisor's FAIL line (what the
+    // implementation did to the run: a crash, a stall).
+    relay(f->rank);
+    return kExitFailed;
+  }
+  if (f->status == dist::RankOutcome::Status::failed && (f->code == kExitUsage || f->code == kExitInternal)) {
+    std::cerr << sanitize(f->stderr_tail, 600) << std::flush;
+    return f->code;
+  }
+  std::cout << "FAIL: bench (tp=" << c.tp << " dp=" << c.dp << ", impl " << sanitize(c.impl, 200)
+            << "): " << sanitize(f->describe(), 600) << std::endl;
+  return kExitFailed;
+}
+
 }  // namespace
 
 CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
@@ -86,7 +156,8 @@ CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
       "Per checkpoint plan: peak and kept tensor memory, step time (forward, backward, optimizer), recompute "
       "overhead next to what recomputing alone is expected to cost, tokens/s, loss curves; optionally the growth law, "
       "the largest batch within a "
-      "memory budget, and a Markdown report with plots.");
+      "memory budget, and a Markdown report with plots. A Case with tp or dp > 1 runs as its ranks and adds each "
+      "pass's collectives per plan, every checkpointed plan also with tpkeep=reduced.");
   add_file(bench, "case", a.case_file, "Case JSON file (or --preset)");
   bench->add_option(
       "--preset", a.preset,
@@ -162,7 +233,6 @@ int run_bench(const BenchArgs& a) {
   if (specs.empty()) specs.push_back("builtin");
   const std::string impl_text = fmt::format("{}", fmt::join(specs, ","));
   const int cores = machine_cores();
-  const int threads = a.threads > 0 ? a.threads : cores;
   const int64_t budget = a.memory_budget;
   check_device(a.device);
   // Outputs: --json, and the files under --out, all checked before any work.
@@ -241,6 +311,22 @@ int run_bench(const BenchArgs& a) {
     throw;
   }
 
+  // A Case with tp or dp > 1 runs as its ranks (the same command, each rank's process seeing CKV_RANK),
+  // each with its share of the cores.
+  const bool as_ranks = c.ranks() > 1;
+  const int threads = a.threads > 0 ? a.threads : std::max(1, cores / c.ranks());
+  std::shared_ptr<dist::Group> world;
+  std::unique_ptr<ParallelRun> par;
+  if (as_ranks) {
+    if (a.growth || budget > 0 || a.amp)
+      throw UsageError("tp=" + std::to_string(c.tp) + " dp=" + std::to_string(c.dp) +
+                       ": --growth, --memory-budget and --amp are not measured on a Case that runs as ranks");
+    if (std::getenv("CKV_RANK") == nullptr) return bench_as_ranks(a, c);
+    const dist::RankEnv env = dist::RankEnv::from_environment();
+    // A rank waits in a collective while a peer runs its step of a row: the timeout is a step's, long.
+    world = dist::Group::join({env.store, env.rank, env.world, std::chrono::seconds(120)});
+    par = std::make_unique<ParallelRun>(world, c);
+  }
   // LibTorch's OpenMP runtime ends the process when it cannot start its threads: find out first.
   ensure_threads_start(threads);
   torch::set_num_threads(threads);
@@ -252,6 +338,7 @@ int run_bench(const BenchArgs& a) {
   BenchOptions o;
   o.warmup = a.warmup, o.repeats = a.repeats, o.max_repeats = a.max_repeats, o.memory_budget = budget;
   o.time_cap_s = a.time_cap, o.target = a.target, o.growth = a.growth;
+  o.par = par.get();
   for (const auto& [label, spec] : strategies)
     o.strategies.push_back({label, [spec = spec] { return make_impl(spec); }});
   const bool tty = stderr_is_terminal();  // this runs supervised, its stderr a pipe
@@ -262,7 +349,8 @@ int run_bench(const BenchArgs& a) {
   std::vector<BenchImpl> bench_impls;
   for (const auto& spec : specs) bench_impls.push_back({spec, [spec = spec] { return make_impl(spec); }});
   BenchResult r = ckv::run_bench(c, plans, bench_impls, o);
-  if (a.verify_cases > 0) {
+  if (par && par->rank() != 0) return kExitOk;  // rank 0 speaks for the ranks
+  if (a.verify_cases > 0 && !as_ranks) {
     // Correctness beside cost: the gate on every plan (with --impl) and every strategy.
     torch::set_num_threads(1);
     for (PlanBench& p : r.plans) {
@@ -296,6 +384,11 @@ int run_bench(const BenchArgs& a) {
                    impl_text, a.device, threads, a.warmup, a.repeats, a.max_repeats, 100.0 * a.target, secs,
                    r.case_line)
             << bench_table(r);
+  if (as_ranks && a.verify_cases > 0)
+    std::cout << fmt::format(
+        "verified: not run here (a Case that runs as ranks): gate the plans with `ckverify check "
+        "--only tp={} --only dp={} --plan PLAN`\n",
+        c.tp, c.dp);
   if (amp)
     std::cout << fmt::format("\nAMP audit (plan {}): {}\n", amp->plan,
                              amp->exceeded.empty() && amp->failed.empty() ? "checkpoint drift within its allowance"

@@ -25,6 +25,7 @@ struct BenchArgs {
   double time_cap = 300, target = 0.02;
   bool growth = false, amp = false;
   std::string command;                  // the command line, as the report shows it
+  std::vector<std::string> args;        // the arguments after the program's name (the ranks run them again)
   std::vector<std::string> strategies;  // --strategy SPEC, measured beside the plans
   int verify_cases = 30;                // the gate's verdict per plan and strategy (0: none)
   std::vector<std::string> only;        // Case fields the verification fixes

@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
   CLI::App* const audit_cmd = add_audit_amp(app, audit);
   CLI::App* const bench_cmd = add_bench(app, bench);
   bench.command = command_line(argc, argv);
+  bench.args.assign(argv + 1, argv + argc);
 
   try {
     app.parse(argc, argv);

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "verifier/model/memory.hpp"
+#include "verifier/run/parallel.hpp"
 #include "verifier/run/run.hpp"
 
 namespace ckv {
@@ -133,9 +134,11 @@ std::vector<Measured> measure_interleaved(
   std::vector<std::string> errors(cases.size());
   std::vector<std::vector<StepRecord>> steps_done(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
-    runs.push_back(std::make_unique<TrainingRun>(cases[i], impls[i].get()));
+    runs.push_back(std::make_unique<TrainingRun>(cases[i], impls[i].get(), o.par));
     runs.back()->record_sites(false);
   }
+  // On ranks: where each row's collectives of the timed rounds begin (the ledger is the run's own).
+  std::vector<size_t> timed_collectives(cases.size(), 0);
   const int micro = cases.front().micro, max_steps = cases.front().steps;
   const size_t n = runs.size();
   using clock = std::chrono::steady_clock;
@@ -147,6 +150,7 @@ std::vector<Measured> measure_interleaved(
       const size_t i = (k + static_cast<size_t>(s)) % n;
       if (!errors[i].empty()) continue;
       if (o.progress) o.progress(fmt::format("round {}/{}: {}", s + 1, max_steps, cases[i].plan.to_string()));
+      if (s == o.warmup) timed_collectives[i] = runs[i]->collectives_issued();
       try {
         // Only the losses are kept: a step's record also holds every gradient and parameter in double,
         // which over many rounds of a large Case would not fit in memory.
@@ -172,17 +176,24 @@ std::vector<Measured> measure_interleaved(
       const RunRecord r = runs[i]->record();
       for (size_t t = static_cast<size_t>(o.warmup); t < r.times.size(); ++t) times[i].push_back(step_time(r.times[t]));
     }
-    if (tight_enough(times)) {
+    // 0: another round; 1: converged; 2: the round cap; 3: the time cap. On ranks, rank 0's timings
+    // decide for every rank (each rank's own would differ, and the rounds must stay in step).
+    double stop = tight_enough(times)                                                                ? 1
+                  : timed >= o.max_repeats                                                           ? 2
+                  : std::chrono::duration<double>(clock::now() - timed_start).count() > o.time_cap_s ? 3
+                                                                                                     : 0;
+    if (o.par) stop = o.par->rank0({stop}).at(0);
+    if (stop == 1) {
       out.converged = true;
       out.stopped = fmt::format("every interval within +-{:.1f}% after {} timed rounds", 100.0 * o.target, timed);
       break;
     }
-    if (timed >= o.max_repeats) {
+    if (stop == 2) {
       out.stopped = fmt::format("{} timed rounds (the most allowed) with an interval still wider than +-{:.1f}%", timed,
                                 100.0 * o.target);
       break;
     }
-    if (std::chrono::duration<double>(clock::now() - timed_start).count() > o.time_cap_s) {
+    if (stop == 3) {
       out.stopped = fmt::format(
           "the time cap ({:.0f} s of timed rounds) after {} rounds, an interval still wider "
           "than +-{:.1f}%",
@@ -197,6 +208,16 @@ std::vector<Measured> measure_interleaved(
     RunRecord r = runs[i]->record(errors[i].empty() ? nullptr : &err);
     r.steps = std::move(steps_done[i]);
     measured.push_back(reduce(cases[i], std::move(r), o.warmup, steps));
+    const int timed = steps - o.warmup;
+    if (o.par && timed > 0 && errors[i].empty()) {
+      for (const dist::CollectiveRecord& c : runs[i]->collectives(timed_collectives[i])) {
+        PlanBench& b = measured.back().bench;
+        PassCollectives& p = c.pass == dist::Pass::forward     ? b.forward_collectives
+                             : c.pass == dist::Pass::recompute ? b.recompute_collectives
+                                                               : b.backward_collectives;
+        p.count += 1.0 / timed, p.kib += static_cast<double>(c.bytes) / 1024.0 / timed, p.ms += 1e3 * c.seconds / timed;
+      }
+    }
   }
   return measured;
 }
@@ -326,10 +347,14 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
   if (o.warmup < 0 || o.repeats < 1 || o.max_repeats < o.repeats || !(o.target > 0) || !(o.time_cap_s >= 0))
     throw std::invalid_argument("bench: warmup >= 0, 1 <= repeats <= max_repeats, target > 0, time cap >= 0");
   if (bench_impls.empty()) throw std::invalid_argument("bench: no implementation");
+  if (o.par && (o.growth || o.memory_budget > 0))
+    throw std::invalid_argument("bench: the growth law and the memory budget are not measured on ranks");
   BenchResult out;
   Case base = c;
   base.steps = o.warmup + o.max_repeats;
   base.plan = Plan{};
+  base.tpkeep = TpKeep::none;  // with tp > 1 every checkpointed row runs both ways
+  out.tp = c.tp, out.dp = c.dp;
   check_environment(base);
   out.case_line = to_line(base);
   out.tokens_per_step = static_cast<int>(tokens_per_step(base));
@@ -340,15 +365,21 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
 
   // Rows: none first (every row is compared with it), then every plan with every implementation, then
   // the strategies; all trained step by step in turn.
+  // Under tensor parallelism the plans run again with the selective plan (tpkeep=reduced: the forward
+  // all-reduces' outputs kept, only local ops recomputed), in a block of their own after them.
   struct Row {
     Plan plan;
     int impl = -1;      // index into bench_impls; -1: none or a strategy
     int strategy = -1;  // index into o.strategies
+    bool kept = false;  // tpkeep=reduced
   };
   std::vector<Row> rows = {Row{}};
-  for (const Plan& p : plans)
-    if (p != Plan{})
-      for (size_t k = 0; k < bench_impls.size(); ++k) rows.push_back({p, static_cast<int>(k), -1});
+  for (const bool kept : {false, true}) {
+    if (kept && base.tp < 2) break;
+    for (const Plan& p : plans)
+      if (p != Plan{})
+        for (size_t k = 0; k < bench_impls.size(); ++k) rows.push_back({p, static_cast<int>(k), -1, kept});
+  }
   for (size_t k = 0; k < o.strategies.size(); ++k)
     rows.push_back({Plan{PlanKind::every_block, 0}, -1, static_cast<int>(k)});
   std::vector<Case> cases;
@@ -356,6 +387,7 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
   for (const Row& row : rows) {
     Case k = base;
     k.plan = row.plan;
+    if (row.kept) k.tpkeep = TpKeep::reduced;
     cases.push_back(k);
     impls.push_back(row.strategy >= 0 ? o.strategies[row.strategy].make()
                     : row.impl >= 0   ? bench_impls[row.impl].make()
@@ -413,6 +445,7 @@ BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::
       b.overhead_expected = -1;  // which units it recomputes is the strategy's choice
     } else {
       if (row.impl >= 0) b.impl = bench_impls[row.impl].label;
+      if (row.kept) b.plan += " tpkeep=reduced";
       if (b.completed && row.plan != Plan{}) {
         const std::vector<bool> rec = recomputed_units(cases[r], row.plan, none.unit_forward.size());
         if (!rec.empty() && none.bench.forward_s + none.bench.backward_s > 0) {

@@ -49,6 +49,8 @@ struct BenchImpl {
   std::function<std::unique_ptr<CheckpointImpl>()> make;
 };
 
+class ParallelRun;
+
 struct BenchOptions {
   // Rounds: `warmup` untimed, then at least `repeats` timed ones, and more (up to `max_repeats`, within
   // `time_cap_s` seconds of timed rounds) until every interval's half-width is at most `target` (relative).
@@ -65,6 +67,17 @@ struct BenchOptions {
     std::function<std::unique_ptr<CheckpointImpl>()> make;
   };
   std::vector<Strategy> strategies;
+  // A Case with tp or dp > 1: this rank's ParallelRun (every rank calls run_bench alike). Every row trains
+  // this rank's shard and replica; rank 0 decides when the rounds stop, and the others follow. With tp > 1
+  // every checkpointed row is also run with the selective plan (tpkeep=reduced). Not with growth or a
+  // memory budget.
+  const ParallelRun* par = nullptr;
+};
+
+// On ranks: the collectives one timed step issued on this rank in one pass (forward, recompute,
+// backward), averaged over the timed rounds.
+struct PassCollectives {
+  double count = 0.0, kib = 0.0, ms = 0.0;  // per step: how many, KiB in all, ms inside them
 };
 
 struct PlanBench {
@@ -89,6 +102,7 @@ struct PlanBench {
   int budget_batch = 0;            // largest batch within the budget (0: none fits, or no budget)
   int64_t budget_peak = 0;
   double budget_tokens_per_s = 0.0;
+  PassCollectives forward_collectives, recompute_collectives, backward_collectives;  // on ranks (rank 0's)
   std::string verified;         // the gate's verdict on this plan or strategy (the CLI's --verify-cases); "" not run
   std::string verified_detail;  // a failure's shrunk Case line and finding
 };
@@ -113,6 +127,7 @@ struct ImplComparison {
 
 struct BenchResult {
   std::string case_line;
+  int tp = 1, dp = 1;              // a Case run as tp x dp ranks: memory, times and collectives are rank 0's
   std::vector<std::string> impls;  // labels, in --impl order
   int rounds = 0;                  // timed rounds run
   bool converged = false;          // every interval within the target

@@ -27,23 +27,34 @@ RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options
 struct TrainingRun::Impl {
   Observations o;
   std::unique_ptr<Trainer> t;
+  int dp = 1;  // replicas (on ranks): the trainer counts its own micro-batches, dp times fewer
 };
 
-TrainingRun::TrainingRun(const Case& c, CheckpointImpl* impl) : impl_(std::make_unique<Impl>()) {
+TrainingRun::TrainingRun(const Case& c, CheckpointImpl* impl, const ParallelRun* par)
+    : impl_(std::make_unique<Impl>()) {
   check_environment(c);
   if (impl && impl->is_strategy()) check_strategy_case(c);
   impl_->o = prepare(c);
-  impl_->t = std::make_unique<Trainer>(impl_->o.c, impl_->o, impl, Mode::normal, -1);
+  impl_->t = std::make_unique<Trainer>(impl_->o.c, impl_->o, impl, Mode::normal, -1, par);
+  impl_->dp = par ? par->dp() : 1;
+}
+size_t TrainingRun::collectives_issued() const {
+  return impl_->t->collectives().size();
+}
+std::vector<dist::CollectiveRecord> TrainingRun::collectives(size_t from) const {
+  std::vector<dist::CollectiveRecord> all = impl_->t->collectives();
+  all.erase(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(std::min(from, all.size())));
+  return all;
 }
 TrainingRun::~TrainingRun() = default;
 int TrainingRun::position() const {
-  return impl_->t->position();
+  return impl_->t->position() * impl_->dp;
 }
 int TrainingRun::end() const {
   return impl_->o.c.steps * impl_->o.c.micro;
 }
 std::vector<StepRecord> TrainingRun::advance_to(int position) {
-  return impl_->t->advance_to(std::min(position, end()));
+  return impl_->t->advance_to(impl_->t->local_position(std::min(position, end())));
 }
 void TrainingRun::record_sites(bool on) {
   impl_->t->record_sites(on);

@@ -24,6 +24,7 @@
 #include "verifier/case/environment_error.hpp"
 #include "verifier/checkpoint/compat.hpp"
 #include "verifier/checkpoint/rng.hpp"
+#include "verifier/dist/collectives.hpp"
 #include "verifier/impls/interface.hpp"
 #include "verifier/model/site_tap.hpp"
 #include "verifier/run/state.hpp"
@@ -310,10 +311,12 @@ struct TrainOptions {
 RunRecord train(const Case& c, CheckpointImpl* impl, const TrainOptions& options = {});
 
 // One training run driven by hand, micro-batch by micro-batch, with its state saved and loaded
-// (`ckverify train`, the resume tests). impl null: nothing is checkpointed.
+// (`ckverify train`, the resume tests). impl null: nothing is checkpointed. With `par` (a Case with tp or
+// dp > 1, on one of its ranks: `ckverify bench`) it runs this rank's shard and replica; positions stay
+// the Case's (micro-batches of the whole step), and every rank advances alike.
 class TrainingRun {
  public:
-  TrainingRun(const Case& c, CheckpointImpl* impl);
+  TrainingRun(const Case& c, CheckpointImpl* impl, const ParallelRun* par = nullptr);
   ~TrainingRun();
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;
@@ -330,6 +333,9 @@ class TrainingRun {
   // FNV-1a digest of the whole training state (parameters, accumulated gradients, optimizer, side
   // effects, generators, position), as 16 hex digits.
   std::string digest() const;
+  // On ranks: the number of collectives this rank issued so far, and records [from, to) of them.
+  size_t collectives_issued() const;
+  std::vector<dist::CollectiveRecord> collectives(size_t from) const;
 
  private:
   struct Impl;

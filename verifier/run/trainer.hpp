@@ -128,8 +128,9 @@ class Trainer {
     effects_.external.assign(layers, 0);
     effects_.cache_calls.assign(layers, 0);
     if (c.ranks() > 1 && !par)
-      throw EnvironmentError("tp=" + std::to_string(c.tp) + " dp=" + std::to_string(c.dp) +
-                             ": a Case with tp or dp > 1 runs as ranks, under `ckverify check` and `repro` only");
+      throw EnvironmentError(
+          "tp=" + std::to_string(c.tp) + " dp=" + std::to_string(c.dp) +
+          ": a Case with tp or dp > 1 runs as ranks, under `ckverify check`, `repro` and `bench` only");
     if (c.model.has(kLog) || c.model.has(kExternal)) {
       log_dir_ = make_temp_dir();
       effects_.log_path = log_dir_ + "/effects.log";

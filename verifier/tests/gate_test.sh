@@ -301,6 +301,11 @@ grep -q "ran as 2 ranks and rank [01] crashed (signal 11" tp-segv.json || { bad 
 sleep 1
 pgrep -f "ckverify rank --case" >/dev/null && bad "tp segv: a rank outlived the run"
 "$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 > tp.json
+expect 1 "bench: a plugin that segfaults on ranks" -- "$ck" bench tp.json --impl "$mis:mode=segv" --plans block \
+  --repeats 2 --max-repeats 2 --verify-cases 0
+grep -q "^FAIL: .*mode=segv.*signal 11" out.txt || { bad "bench tp segv: the plugin and signal not named"; cat out.txt err.txt; }
+sleep 1
+pgrep -f "ckverify bench tp.json" >/dev/null && bad "bench tp segv: a rank outlived the run"
 expect 2 "train refuses a tp=2 Case" -- "$ck" train tp.json
 one_line_error "train of a tp=2 Case"
 grep -q "runs as ranks" err.txt || { bad "train tp=2: the reason"; cat err.txt; }
