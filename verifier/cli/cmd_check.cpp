@@ -143,6 +143,9 @@ int run_check(const CheckArgs& a) {
   o.budget_s = budget;
   o.progress = true;
   g.apply(o);
+  // Fixed fields that contradict each other fail on every generated Case: said before the run starts
+  // (one line, exit 2), not after its header.
+  if (!o.gen.only.empty()) (void)generate(gen_case(o.gen), seed, 0).value();
 
   std::cout << "ckverify check: " << (o.gen.strategy ? "strategy=" + strategy : "impl=" + impl_name) << " plan="
             << (o.gen.strategy      ? "strategy's"

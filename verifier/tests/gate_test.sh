@@ -286,6 +286,7 @@ expect 2 "--only fields that contradict each other" -- "$ck" check --cases 4 --o
 one_line_error "--only fields that contradict each other"
 grep -q "cannot apply with the other fields at their defaults: .*seqvar=1 needs micro >= 2" err.txt ||
   { bad "--only contradiction not named"; cat err.txt; }
+[ -s out.txt ] && { bad "--only contradiction: a run header before the error"; cat out.txt; }
 expect 0 "--only shapes that vary across micro-batches" -- "$ck" check --cases 10 --only micro=2 --only seqvar=1
 
 # Tensor-parallel Cases (docs/parallel.md): tp=2 runs as two ranks and is judged on the gathered records;
