@@ -55,6 +55,11 @@ std::string comparison_text(const ImplComparison& c) {
 std::string row_name(const PlanBench& p) {
   return p.impl.empty() ? p.plan : p.plan + " (" + p.impl + ")";
 }
+// One pass's collectives per step: "8 x 64.0, 18.00 ms" (count x KiB each, ms inside them), or "0".
+std::string collectives_cell(const PassCollectives& c) {
+  return c.count == 0 ? std::string("0") : fmt::format("{:.0f} x {:.1f}, {:.2f} ms", c.count, c.kib / c.count, c.ms);
+}
+
 }  // namespace
 
 report::LinePlot amp_error_plot(const std::vector<AmpRow>& rows, const std::string& plan, const std::string& impl) {
@@ -125,14 +130,11 @@ std::string bench_table(const BenchResult& r) {
         "\ncollectives per step on rank 0 of {} (tp={} dp={}): count x KiB each, ms inside them\n{:<{}} {:>5} {:>22} "
         "{:>22} {:>22}\n",
         r.tp * r.dp, r.tp, r.dp, "plan", w, "impl", "forward", "recompute", "backward");
-    auto cell = [](const PassCollectives& c) {
-      return c.count == 0 ? std::string("0")
-                          : fmt::format("{:.0f} x {:.1f}, {:.2f} ms", c.count, c.kib / c.count, c.ms);
-    };
     for (const PlanBench& p : r.plans)
       if (p.completed)
         s += fmt::format("{:<{}} {:>5} {:>22} {:>22} {:>22}\n", p.plan, w, p.impl.empty() ? "-" : impl_tag(r, p.impl),
-                         cell(p.forward_collectives), cell(p.recompute_collectives), cell(p.backward_collectives));
+                         collectives_cell(p.forward_collectives), collectives_cell(p.recompute_collectives),
+                         collectives_cell(p.backward_collectives));
   }
   if (!r.comparisons.empty()) {
     s += fmt::format("\nagainst [1] {} on the same plan (median of per-round step-time ratios, 95% interval):\n",
@@ -185,7 +187,9 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                 {"losses", p.losses},
                 {"loss_divergence", p.loss_divergence}});
       if (r.tp * r.dp > 1) {
-        auto pass = [](const PassCollectives& c) { return json{{"count", c.count}, {"kib", c.kib}, {"ms", c.ms}}; };
+        auto pass = [](const PassCollectives& c) {
+          return json{{"count", c.count}, {"kib_total", c.kib}, {"ms_inside", c.ms}};
+        };
         j["collectives_per_step"] = {{"forward", pass(p.forward_collectives)},
                                      {"recompute", pass(p.recompute_collectives)},
                                      {"backward", pass(p.backward_collectives)}};
@@ -389,6 +393,18 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
         r.impls.front());
     for (const ImplComparison& c : r.comparisons)
       md += fmt::format("| {} | `{}` | {} |\n", c.plan, c.impl, comparison_text(c));
+  }
+  if (r.tp * r.dp > 1) {
+    md += fmt::format(
+        "\nRun as {} ranks (tp={} dp={}): memory and times are rank 0's. Collectives per timed step on rank 0 "
+        "(count x KiB each, ms inside them):\n\n| plan | impl | forward | recompute | backward "
+        "|\n|---|---|---|---|---|\n",
+        r.tp * r.dp, r.tp, r.dp);
+    for (const PlanBench& p : r.plans)
+      if (p.completed)
+        md += fmt::format("| {} | {} | {} | {} | {} |\n", p.plan, p.impl.empty() ? "-" : "`" + p.impl + "`",
+                          collectives_cell(p.forward_collectives), collectives_cell(p.recompute_collectives),
+                          collectives_cell(p.backward_collectives));
   }
   bool budget = false;
   for (const PlanBench& p : r.plans) budget |= p.budget_batch > 0;

@@ -40,6 +40,10 @@
 namespace ckv::cli {
 namespace {
 
+// A rank's exit code when its row failed because a peer rank was gone (a collective's connection closed
+// or timed out): a consequence, never the cause the parent reports while another rank has one.
+constexpr int kExitPeerGone = 4;
+
 // The gate's verdict on one bench entry: `cases` generated Cases (small: the generator's, not the
 // bench Case) with the plan or the strategy, in this process.
 std::string bench_verdict(const std::string& impl, const std::optional<Plan>& plan, bool strategy, int cases,
@@ -99,8 +103,11 @@ int bench_as_ranks(const BenchArgs& a, const Case& c) {
     }
   } remove{templ};
   dist::RankLaunch launch;
-  launch.exe = "/proc/self/exe";
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);  // shown as ckverify in ps
+  launch.exe = ec ? std::string("/proc/self/exe") : exe.string();
   launch.args = a.args;
+  launch.args.push_back("--as-rank");
   launch.world = c.ranks();
   launch.dir = templ;
   launch.deadline = std::chrono::hours(24);  // each rank's own --stall-timeout ends a hang
@@ -128,7 +135,15 @@ int bench_as_ranks(const BenchArgs& a, const Case& c) {
       if (line.rfind("[Gloo] ", 0) != 0) std::cout << line << "\n";
     std::cout << std::flush;
   };
-  const dist::RankOutcome* f = dist::first_failure(outcomes);
+  // The cause: the first rank to end that failed on its own account, not one that failed because a peer
+  // was gone (kExitPeerGone), nor one stopped after another's failure.
+  const dist::RankOutcome* f = nullptr;
+  for (const dist::RankOutcome& o : outcomes)
+    if (o.status != dist::RankOutcome::Status::ok && o.status != dist::RankOutcome::Status::stopped_after_failure &&
+        !(o.status == dist::RankOutcome::Status::failed && o.code == kExitPeerGone) &&
+        (f == nullptr || o.ended < f->ended))
+      f = &o;
+  if (f == nullptr) f = dist::first_failure(outcomes);
   if (f == nullptr) {
     relay(0);
     return kExitOk;
@@ -140,12 +155,19 @@ int bench_as_ranks(const BenchArgs& a, const Case& c) {
     return kExitFailed;
   }
   if (f->status == dist::RankOutcome::Status::failed && (f->code == kExitUsage || f->code == kExitInternal)) {
-    std::cerr << sanitize(f->stderr_tail, 600) << std::flush;
+    std::string tail = sanitize(f->stderr_tail, 600);
+    if (tail.empty() || tail.back() != '\n') tail += '\n';
+    std::cerr << tail << std::flush;
     return f->code;
   }
   std::cout << "FAIL: bench (tp=" << c.tp << " dp=" << c.dp << ", impl " << sanitize(c.impl, 200)
             << "): " << sanitize(f->describe(), 600) << std::endl;
   return kExitFailed;
+}
+
+bool peer_gone(const std::exception& e) {
+  const std::string what = e.what();
+  return what.find("gloo") != std::string::npos || what.find("Gloo") != std::string::npos;  // Gloo's own errors
 }
 
 }  // namespace
@@ -198,6 +220,7 @@ CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
   bench->add_flag("--growth", a.growth,
                   "Also measure activation peak against depth (L = 4, 9, 16, 25, 36) for none and sqrt");
   bench->add_flag("--amp", a.amp, "Also run the AMP drift audit on the Case (into the report)");
+  bench->add_flag("--as-rank", a.as_rank)->group("");  // set by bench_as_ranks on the ranks it starts
   add_file(bench, "--json", a.json, "Write the results as JSON to this file");
   add_file(bench, "--out", a.out_dir,
            "Write report.md, plots (PNG, through gnuplot), CSV and JSON into this directory");
@@ -321,8 +344,13 @@ int run_bench(const BenchArgs& a) {
     if (a.growth || budget > 0 || a.amp)
       throw UsageError("tp=" + std::to_string(c.tp) + " dp=" + std::to_string(c.dp) +
                        ": --growth, --memory-budget and --amp are not measured on a Case that runs as ranks");
-    if (std::getenv("CKV_RANK") == nullptr) return bench_as_ranks(a, c);
-    const dist::RankEnv env = dist::RankEnv::from_environment();
+    if (!a.as_rank) return bench_as_ranks(a, c);
+    dist::RankEnv env;
+    try {
+      env = dist::RankEnv::from_environment();
+    } catch (const std::exception& e) {
+      throw UsageError(std::string("--as-rank is for the ranks ckverify starts itself (") + e.what() + ")");
+    }
     // A rank waits in a collective while a peer runs its step of a row: the timeout is a step's, long.
     world = dist::Group::join({env.store, env.rank, env.world, std::chrono::seconds(120)});
     par = std::make_unique<ParallelRun>(world, c);
@@ -348,7 +376,19 @@ int run_bench(const BenchArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<BenchImpl> bench_impls;
   for (const auto& spec : specs) bench_impls.push_back({spec, [spec = spec] { return make_impl(spec); }});
-  BenchResult r = ckv::run_bench(c, plans, bench_impls, o);
+  BenchResult r;
+  try {
+    r = ckv::run_bench(c, plans, bench_impls, o);
+  } catch (const EnvironmentError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (!par) throw;
+    // On ranks a row that fails on one rank cannot go on there (its peers wait in its collectives): this
+    // rank ends the bench now, and the launcher stops the others.
+    if (peer_gone(e)) return kExitPeerGone;
+    std::cout << "FAIL: rank " << par->rank() << ": " << sanitize(e.what(), 600) << std::endl;
+    return kExitFailed;
+  }
   if (par && par->rank() != 0) return kExitOk;  // rank 0 speaks for the ranks
   if (a.verify_cases > 0 && !as_ranks) {
     // Correctness beside cost: the gate on every plan (with --impl) and every strategy.

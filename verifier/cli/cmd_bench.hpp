@@ -26,6 +26,7 @@ struct BenchArgs {
   bool growth = false, amp = false;
   std::string command;                  // the command line, as the report shows it
   std::vector<std::string> args;        // the arguments after the program's name (the ranks run them again)
+  bool as_rank = false;                 // --as-rank (hidden): this process is a rank of such a run
   std::vector<std::string> strategies;  // --strategy SPEC, measured beside the plans
   int verify_cases = 30;                // the gate's verdict per plan and strategy (0: none)
   std::vector<std::string> only;        // Case fields the verification fixes

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "verifier/cli/output.hpp"
@@ -28,7 +29,10 @@ std::string error_answer(const std::string& what, const char* kind) {
 std::vector<Finding> run_case_as_ranks(const Case& c) {
   // The ranks' own deadline is long: the worker's per-case timeout (which kills the worker, and the
   // ranks with it) is normally the shorter.
-  return check_case_as_ranks(c, "/proc/self/exe");
+  // The executable by its path (not /proc/self/exe), so that the ranks show as ckverify in ps and pgrep.
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return check_case_as_ranks(c, ec ? std::string("/proc/self/exe") : exe.string());
 }
 
 CLI::App* add_rank(CLI::App& app, RankArgs& a) {

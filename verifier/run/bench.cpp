@@ -164,6 +164,8 @@ std::vector<Measured> measure_interleaved(
           throw EnvironmentError(
               fmt::format("the run ran out of memory ({}): give it more memory, or bench a smaller Case",
                           std::string(e.what()).substr(0, std::string(e.what()).find('\n'))));
+        // On ranks the row's peers wait in its collectives: the bench ends here (the CLI names the rank).
+        if (o.par) throw std::runtime_error("plan " + cases[i].plan.to_string() + ": " + e.what());
         errors[i] = e.what();
       }
     }

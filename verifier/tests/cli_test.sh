@@ -353,7 +353,7 @@ assert set(c) == {"none", "block", "block tpkeep=reduced"}, list(c)
 for plan, per in c.items():
     assert per["forward"]["count"] == 4 and per["backward"]["count"] == 4, (plan, per)
 assert c["none"]["recompute"]["count"] == 0, c["none"]
-assert c["block"]["recompute"]["count"] == 4 and c["block"]["recompute"]["kib"] > 0, c["block"]
+assert c["block"]["recompute"]["count"] == 4 and c["block"]["recompute"]["kib_total"] > 0, c["block"]
 assert c["block tpkeep=reduced"]["recompute"]["count"] == 0, c["block tpkeep=reduced"]
 PY
 expect 1 "bench of a tp=2 Case under tracker-not-replayed" -- "$ck" bench bench-tp.json --impl tracker-not-replayed \

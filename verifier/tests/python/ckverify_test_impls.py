@@ -9,6 +9,7 @@ Correct designs that are not torch's checkpoint as it is, and one wrong one:
                       index, step and micro-batch) and then checkpoints recompute-aware
   megatron_like       megatron-core's calling convention: (function, distribute_saved_activations, *args)
   forgets_recompute   recompute-aware in the forward only: marks the recompute as a first forward
+fails_on_rank raises or aborts on one rank only (bench on ranks must end at once, naming it).
 And two that raise, for the tracebacks in reports: raises_in_recompute (in backward), raises_in_forward;
 stateful, correct for its first calls in a process only; and slow_plain, no checkpoint at all, 20 ms a
 call (for interrupting a run in the middle).
@@ -124,3 +125,16 @@ def slow_plain(segment, *args):
 
     time.sleep(0.02)
     return segment(*args)
+
+
+def fails_on_rank(segment, *args, rank=1, how="raise"):
+    """torch's non-reentrant checkpoint, except on one rank of a Case run as ranks (CKV_RANK, set by
+    ckverify's rank launcher) from step 1 on, where it raises (how=raise) or aborts the process
+    (how=abort): the other ranks then wait in a collective that never completes."""
+    import os
+
+    if os.environ.get("CKV_RANK") == str(rank) and segment.step >= 1:
+        if how == "abort":
+            os.abort()
+        raise RuntimeError("raised on rank %d only" % rank)
+    return tc.checkpoint(segment, *args, use_reentrant=False)
