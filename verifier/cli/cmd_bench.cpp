@@ -88,8 +88,8 @@ void ensure_threads_start(int n) {
                                        started.size() + 1, failed));
 }
 
-// A Case with tp or dp > 1: the same command again as its ranks (dist/ranks.hpp; each rank, seeing
-// CKV_RANK, runs its shard: run_bench below), in a directory of the run's own. Rank 0 prints and writes
+// A Case with tp or dp > 1: the same command again as its ranks (dist/ranks.hpp; each rank, told by the
+// hidden --as-rank, runs its shard: run_bench below), in a directory of the run's own. Rank 0 prints and writes
 // what a one-process bench would; its output is relayed here. A rank that crashes, hangs past its own
 // --stall-timeout, or fails is named, and takes the others with it.
 int bench_as_ranks(const BenchArgs& a, const Case& c) {
@@ -334,8 +334,8 @@ int run_bench(const BenchArgs& a) {
     throw;
   }
 
-  // A Case with tp or dp > 1 runs as its ranks (the same command, each rank's process seeing CKV_RANK),
-  // each with its share of the cores.
+  // A Case with tp or dp > 1 runs as its ranks (the same command with --as-rank), each with its share of
+  // the cores.
   const bool as_ranks = c.ranks() > 1;
   const int threads = a.threads > 0 ? a.threads : std::max(1, cores / c.ranks());
   std::shared_ptr<dist::Group> world;
