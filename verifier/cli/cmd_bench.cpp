@@ -29,6 +29,7 @@
 #include "verifier/cli/reporting.hpp"
 #include "verifier/cli/search.hpp"
 #include "verifier/cli/supervise.hpp"
+#include "verifier/cli/workers.hpp"
 #include "verifier/dist/group.hpp"
 #include "verifier/dist/ranks.hpp"
 #include "verifier/impls/registry.hpp"
@@ -103,9 +104,7 @@ int bench_as_ranks(const BenchArgs& a, const Case& c) {
     }
   } remove{templ};
   dist::RankLaunch launch;
-  std::error_code ec;
-  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);  // shown as ckverify in ps
-  launch.exe = ec ? std::string("/proc/self/exe") : exe.string();
+  launch.exe = self_exe();
   launch.args = a.args;
   launch.args.push_back("--as-rank");
   launch.world = c.ranks();

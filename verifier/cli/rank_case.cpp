@@ -5,10 +5,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "verifier/cli/output.hpp"
+#include "verifier/cli/workers.hpp"
 #include "verifier/dist/ranks.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/parallel.hpp"
@@ -29,10 +29,7 @@ std::string error_answer(const std::string& what, const char* kind) {
 std::vector<Finding> run_case_as_ranks(const Case& c) {
   // The ranks' own deadline is long: the worker's per-case timeout (which kills the worker, and the
   // ranks with it) is normally the shorter.
-  // The executable by its path (not /proc/self/exe), so that the ranks show as ckverify in ps and pgrep.
-  std::error_code ec;
-  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return check_case_as_ranks(c, ec ? std::string("/proc/self/exe") : exe.string());
+  return check_case_as_ranks(c, self_exe());
 }
 
 CLI::App* add_rank(CLI::App& app, RankArgs& a) {

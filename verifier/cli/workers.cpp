@@ -46,14 +46,14 @@ std::string describe_exit(int status) {
   return "stopped";
 }
 
+}  // namespace
+
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error("cannot find ckverify's own executable (/proc/self/exe)");
+  if (n <= 0) throw EnvironmentError("cannot find ckverify's own executable (/proc/self/exe)");
   return std::string(buf, static_cast<size_t>(n));
 }
-
-}  // namespace
 
 namespace {
 // The worker's private ends of the channel, moved off fd 0 and fd 3 before any implementation code runs.

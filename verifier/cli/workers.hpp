@@ -82,6 +82,7 @@ bool process_stopped(pid_t pid);
 // implementation's process starts with, so that a line the implementation writes there is told apart.
 std::string channel_token();
 
-// The Findings of one Case as one JSON line and back (the worker protocol).
+// ckverify's own executable by its path (what workers and ranks run: they show as ckverify in ps).
+std::string self_exe();
 
 }  // namespace ckv::cli
