@@ -627,12 +627,14 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    if (scenario == "ordered_failure") {  // rank 1 fails first; rank 0 fails 300 ms later
+    if (scenario == "ordered_failure") {  // rank 1 fails first; rank 0 fails 2 s later
       if (env.rank == 1) {
         std::cerr << "the real cause\n";
         return 1;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      // 2 s, not 300 ms: on a loaded machine rank 1's process can start more than 300 ms after rank 0's
+      // (seen in CI on the floor build), and the test would then judge the launch order, not first_failure.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));
       std::cerr << "a consequence\n";
       return 2;
     }
