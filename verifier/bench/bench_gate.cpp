@@ -3,6 +3,8 @@
 //                   runs, the two experiments, the fp64 and fp32 references), cycling over 64 generated cases
 //   BM_VerifiedCase / BM_PlainStep  one fixed default-size case: fully verified vs one plain training
 //                   step (forward + backward + SGD, no checkpointing); their ratio is the verification overhead.
+//   BM_CheckpointedStep  the same step checkpointed by the builtin (plan=block), unverified: what the
+//                   implementation costs; a verified case less this and a plain step is what verifying costs.
 //   BM_GateRatio    the two alternated pair by pair: that ratio, its median and quartiles over the pairs.
 #include <benchmark/benchmark.h>
 #include <rapidcheck.h>
@@ -32,7 +34,12 @@ void BM_PlainStep(benchmark::State& st) {
   c.plan = Plan{};
   for (auto _ : st) benchmark::DoNotOptimize(train(c, nullptr));
 }
-// The two above alternated case by case in one loop: the ratio of each adjacent pair, so that a
+void BM_CheckpointedStep(benchmark::State& st) {
+  const Case c = default_case();
+  auto impl = make_builtin();
+  for (auto _ : st) benchmark::DoNotOptimize(train(c, impl.get()));
+}
+// BM_VerifiedCase and BM_PlainStep alternated case by case in one loop: the ratio of each adjacent pair, so that a
 // machine whose speed drifts (other jobs, frequency) moves both sides of every ratio alike. Reports the
 // median pair ratio and its interquartile range (counters ratio, ratio_q1, ratio_q3).
 void BM_GateRatio(benchmark::State& st) {
@@ -77,6 +84,7 @@ void BM_GateCase(benchmark::State& st) {
 }
 BENCHMARK(BM_VerifiedCase)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlainStep)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CheckpointedStep)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GateRatio)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GateCase)->Unit(benchmark::kMillisecond);
 }  // namespace

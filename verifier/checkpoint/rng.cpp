@@ -3,6 +3,7 @@
 
 #include <torch/cuda.h>
 
+#include <cstring>
 #include <stdexcept>
 
 #include "verifier/checkpoint/compat.hpp"
@@ -81,15 +82,28 @@ bool RngState::operator==(const RngState& o) const {
   return differences(o).empty();
 }
 
+namespace {
+// Two generator states (byte tensors on the CPU, whatever the generator's device) compared byte for
+// byte; torch::equal only for a layout that is not plain (it costs a dispatch and a reduction).
+bool same_state(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == torch::kUInt8 &&
+      b.scalar_type() == torch::kUInt8 && a.is_contiguous() && b.is_contiguous())
+    return a.numel() == b.numel() &&
+           std::memcmp(a.data_ptr<uint8_t>(), b.data_ptr<uint8_t>(), static_cast<size_t>(a.numel())) == 0;
+  return a.sizes() == b.sizes() && torch::equal(a, b);
+}
+}  // namespace
+
 std::string RngState::differences(const RngState& o) const {
   std::string out;
   auto add = [&](const std::string& d) { out += (out.empty() ? "" : ", ") + d; };
-  if (cpu_.defined() != o.cpu_.defined() || (cpu_.defined() && !torch::equal(cpu_, o.cpu_))) add("cpu");
+  if (!same_state(cpu_, o.cpu_)) add("cpu");
   for (size_t i = 0; i < std::max(cuda_.size(), o.cuda_.size()); ++i)
-    if (i >= cuda_.size() || i >= o.cuda_.size() || !torch::equal(cuda_[i], o.cuda_[i]))
-      add("cuda:" + std::to_string(i));
+    if (i >= cuda_.size() || i >= o.cuda_.size() || !same_state(cuda_[i], o.cuda_[i])) add("cuda:" + std::to_string(i));
   for (size_t i = 0; i < std::max(extra_.size(), o.extra_.size()); ++i)
-    if (i >= extra_.size() || i >= o.extra_.size() || !torch::equal(extra_[i].second, o.extra_[i].second))
+    if (i >= extra_.size() || i >= o.extra_.size() || !same_state(extra_[i].second, o.extra_[i].second))
       add("generator " + std::to_string(i));
   return out;
 }

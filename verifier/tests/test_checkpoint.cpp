@@ -7,6 +7,7 @@
 
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/checkpoint/compat.hpp"
+#include "verifier/checkpoint/rng.hpp"
 #include "verifier/checkpoint/saved_tensor_hooks.hpp"
 
 namespace ckv {
@@ -610,6 +611,22 @@ TEST(Checkpoint, CudaGeneratorsReachedOnlyInsideFnAreReplayed) {
   checkpoint(fn, x).sum().backward();
   ASSERT_EQ(masks.size(), 2u);
   EXPECT_TRUE(torch::equal(masks[0], masks[1]));
+}
+
+// RngState compares generator states byte for byte and names each generator that differs.
+TEST(RngState, DifferencesNameEachGeneratorThatMoved) {
+  at::Generator extra = at::detail::createCPUGenerator(5);
+  const RngState a = RngState::capture({extra});
+  EXPECT_EQ(RngState::capture({extra}).differences(a), "");
+  EXPECT_TRUE(RngState::capture({extra}) == a);
+  torch::rand({3});  // the CPU default generator moves on
+  EXPECT_EQ(RngState::capture({extra}).differences(a), "cpu");
+  a.restore();
+  EXPECT_EQ(RngState::capture({extra}).differences(a), "");
+  torch::rand({3}, extra);
+  EXPECT_EQ(RngState::capture({extra}).differences(a), "generator 0");
+  EXPECT_EQ(RngState::capture().differences(a), "generator 0");  // one state has no extra generator
+  EXPECT_TRUE(RngState::capture({extra}) != a);
 }
 
 }  // namespace

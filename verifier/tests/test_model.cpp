@@ -498,5 +498,33 @@ TEST(Bench, ImplementationsSideBySideWithIntervals) {
   }
 }
 
+// to_doubles reads any tensor's values in row-major order: dense fp32/fp64 CPU tensors in place, every
+// other layout and dtype through a conversion.
+TEST(Model, ToDoublesReadsEveryLayoutAndDtype) {
+  torch::manual_seed(3);
+  const torch::Tensor base = torch::randn({4, 6});
+  auto expect_same = [](const torch::Tensor& t, const char* what) {
+    const torch::Tensor want = t.detach().to(torch::kDouble).contiguous();
+    const std::vector<double> got = to_doubles(t);
+    ASSERT_EQ(got.size(), static_cast<size_t>(want.numel())) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], want.reshape({-1})[static_cast<int64_t>(i)].item<double>()) << what << " at " << i;
+  };
+  expect_same(base, "fp32");
+  expect_same(base.to(torch::kDouble), "fp64");
+  expect_same(base.t(), "transposed");
+  expect_same(base.slice(1, 2, 5), "a slice with a storage offset");
+  expect_same(base.select(0, 2), "a row");
+  expect_same(base.to(torch::kHalf), "fp16");
+  expect_same(base.to(torch::kBFloat16), "bf16");
+  expect_same((base * 10).to(torch::kLong), "int64");
+  expect_same(base.reshape({2, 2, 6}).narrow(2, 1, 3), "a narrowed 3-d view");
+  const torch::Tensor p = base.clone().requires_grad_(true);
+  (p * p).sum().backward();
+  expect_same(p, "a parameter that requires grad");
+  expect_same(p.grad(), "its gradient");
+  EXPECT_TRUE(to_doubles(torch::empty({0})).empty());
+}
+
 }  // namespace
 }  // namespace ckv
