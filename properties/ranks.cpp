@@ -1,8 +1,6 @@
 // properties/ranks.cpp: check_case_as_ranks (property.hpp), the parent side of a Case with tp or dp > 1;
 // the ranks' side is ckverify's hidden subcommand `rank` (verifier/cli/rank_case.hpp).
-#include <stdlib.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -12,24 +10,14 @@
 namespace ckv {
 using nlohmann::json;
 
-namespace {
-struct RemoveDir {
-  std::string dir;
-  ~RemoveDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
-}  // namespace
-
 std::string rank_answer_path(const std::string& dir, int rank) {
   return dir + "/answer" + std::to_string(rank) + ".json";
 }
 
 std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, std::chrono::seconds ranks_deadline) {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "ckverify-ranks-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw EnvironmentError("cannot create a temporary directory in " + tmpl);
-  const RemoveDir remove{tmpl};
+  const dist::LaunchDir dir("ckverify-ranks");
+  if (!dir.made()) throw EnvironmentError("cannot create a temporary directory in " + dir.path());
+  const std::string& tmpl = dir.path();
   const std::string case_file = tmpl + "/case.json";
   {
     std::ofstream out(case_file, std::ios::binary | std::ios::trunc);

@@ -94,15 +94,9 @@ void ensure_threads_start(int n) {
 // what a one-process bench would; its output is relayed here. A rank that crashes, hangs past its own
 // --stall-timeout, or fails is named, and takes the others with it.
 int bench_as_ranks(const BenchArgs& a, const Case& c) {
-  std::string templ = (std::filesystem::temp_directory_path() / "ckverify-bench-ranks-XXXXXX").string();
-  if (!::mkdtemp(templ.data())) throw EnvironmentError("cannot create a temporary directory in " + templ);
-  struct RemoveDir {
-    std::string dir;
-    ~RemoveDir() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } remove{templ};
+  const dist::LaunchDir dir("ckverify-bench-ranks");
+  if (!dir.made()) throw EnvironmentError("cannot create a temporary directory in " + dir.path());
+  const std::string& templ = dir.path();
   dist::RankLaunch launch;
   launch.exe = self_exe();
   launch.args = a.args;
@@ -207,7 +201,8 @@ CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
   bench->add_option("--repeats", a.repeats, "Timed rounds at least (every row one step per round; medians over them)")
       ->capture_default_str();
   bench->add_option("--max-repeats", a.max_repeats, "Timed rounds at most, while an interval is wider than --target")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&a](const std::string&) { a.max_repeats_given = true; });
   bench->add_option("--time-cap", a.time_cap, "Seconds of timed rounds after which no new round starts")
       ->capture_default_str();
   bench
@@ -232,6 +227,9 @@ void finish_bench(BenchArgs& a) {
   // warmup + max_repeats steps stay within a Case's 1000.
   check_count("--repeats", a.repeats, 1, 500);
   check_count("--max-repeats", a.max_repeats, 1, 500);
+  if (a.max_repeats_given && a.max_repeats < a.repeats)
+    throw UsageError("--max-repeats " + std::to_string(a.max_repeats) + " is below --repeats " +
+                     std::to_string(a.repeats) + ": the rounds at most cannot be fewer than the rounds at least");
   a.max_repeats = std::max(a.max_repeats, a.repeats);
   if (!(a.time_cap >= 0 && a.time_cap <= 86400)) throw UsageError("--time-cap must be in [0, 86400] seconds");
   if (!(a.target > 0 && a.target <= 1)) throw UsageError("--target must be in (0, 1] (a relative half-width)");

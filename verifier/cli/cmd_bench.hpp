@@ -22,6 +22,7 @@ struct BenchArgs {
   FileArg json, out_dir;
   std::vector<std::string> impls;  // --impl, repeatable, each a comma list of specs
   int warmup = 1, repeats = 8, max_repeats = 60, threads = 0;
+  bool max_repeats_given = false;  // --max-repeats on the command line (else it grows to --repeats)
   double time_cap = 300, target = 0.02;
   bool growth = false, amp = false;
   std::string command;                  // the command line, as the report shows it

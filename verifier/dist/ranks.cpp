@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -254,6 +255,16 @@ RankEnv RankEnv::from_environment() {
   e.world = std::stoi(get("CKV_WORLD"));
   e.store = get("CKV_STORE");
   return e;
+}
+
+LaunchDir::LaunchDir(const std::string& prefix)
+    : path_((std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string()) {
+  made_ = ::mkdtemp(path_.data()) != nullptr;
+}
+LaunchDir::~LaunchDir() {
+  if (!made_) return;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
 }
 
 }  // namespace ckv::dist

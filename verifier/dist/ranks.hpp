@@ -26,6 +26,23 @@ struct RankOutcome {
   std::string describe() const;  // one line: "rank 1 crashed (signal 6): ..."
 };
 
+// A fresh directory of one launch's own under the system's temporary directory (its store file, the
+// ranks' logs and answers), removed with what is in it when this goes out of scope. made() is false
+// when it could not be created (path() then names the template tried).
+class LaunchDir {
+ public:
+  explicit LaunchDir(const std::string& prefix);  // the directory is prefix-XXXXXX
+  ~LaunchDir();
+  LaunchDir(const LaunchDir&) = delete;
+  LaunchDir& operator=(const LaunchDir&) = delete;
+  bool made() const { return made_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool made_ = false;
+};
+
 struct RankLaunch {
   std::string exe;
   std::vector<std::string> args;

@@ -259,6 +259,9 @@ expect 0 "bench: --impl before the Case file" -- "$ck" bench --impl builtin benc
 grep -q "^timed rounds: 6 " out.txt || { bad "bench --impl then the Case: rounds"; cat out.txt; }
 expect 2 "bench: more rounds than a Case has steps" -- "$ck" bench bench.json --max-repeats 1000
 one_line_error "bench --max-repeats"
+expect 2 "bench: fewer rounds at most than at least" -- "$ck" bench bench.json --repeats 4 --max-repeats 2
+one_line_error "bench --max-repeats below --repeats"
+grep -q -- "--max-repeats 2 is below --repeats 4" err.txt || { bad "bench --max-repeats below --repeats: message"; cat err.txt; }
 expect 0 "bench report with growth" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 --growth --out rep
 for f in report.md bench.json plans.csv losses.csv growth.csv memory_time.png losses.png growth.png; do
   [ -s "rep/$f" ] || bad "bench report lacks $f"

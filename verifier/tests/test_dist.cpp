@@ -386,5 +386,20 @@ TEST_F(Dist, NothingARankStartedOutlivesTheRun) {
   EXPECT_TRUE(process_gone(child)) << "process " << child << " is still running";
 }
 
+// A launch's directory exists while it is in scope and goes, with what the ranks wrote, after.
+TEST(LaunchDir, IsMadeAndRemovedWithItsContents) {
+  std::string path;
+  {
+    const LaunchDir dir("ckverify-test-launch");
+    ASSERT_TRUE(dir.made()) << dir.path();
+    path = dir.path();
+    EXPECT_TRUE(std::filesystem::is_directory(path));
+    EXPECT_NE(path.find("ckverify-test-launch-"), std::string::npos);
+    std::filesystem::create_directory(path + "/sub");
+    std::ofstream(path + "/sub/rank0.out") << "x";
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 }  // namespace
 }  // namespace ckv::dist
