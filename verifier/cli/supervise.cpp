@@ -107,6 +107,10 @@ std::string signal_name(int sig) {
   const char* d = ::strsignal(sig);
   return fmt::format("signal {} ({})", sig, d ? d : "unknown");
 }
+// The signals that ask a process to stop, which neither ckverify's code nor a crash raises.
+bool stop_request(int sig) {
+  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP;
+}
 
 }  // namespace
 
@@ -281,6 +285,12 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
               << ": cannot run here: the run was killed by SIGKILL from outside ckverify (the kernel's "
                  "out-of-memory killer under a memory limit, or a user); nothing was judged"
               << std::endl;
+    return kExitUsage;
+  } else if (WIFSIGNALED(status) && stop_request(WTERMSIG(status))) {
+    // Not forwarded by this process (that returned above), so sent to the child from outside: a user
+    // or a service manager stopping it, as check's workers count it (workers.cpp).
+    std::cerr << "ckverify " << o.command << ": cannot run here: the run was stopped by "
+              << signal_name(WTERMSIG(status)) << " from outside ckverify; nothing was judged" << std::endl;
     return kExitUsage;
   } else if (WIFSIGNALED(status))
     what = "crashed the run: " + signal_name(WTERMSIG(status));

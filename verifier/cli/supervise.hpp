@@ -16,7 +16,8 @@
 //     outside was loaded, ckverify's own bug (exit 3) when only ckverify's code ran; a stall of
 //     ckverify's own code is exit 2 (a step slower than the timeout on this machine);
 //   - SIGKILL that the parent did not send: killed from outside (the kernel's out-of-memory killer, a
-//     memory limit, a user), exit 2, blaming no one;
+//     memory limit, a user), exit 2, blaming no one; so is SIGTERM, SIGINT or SIGHUP sent to the child
+//     itself (a user or a service manager stopping it);
 //   - SIGINT, SIGTERM or SIGHUP to the parent: passed to the child's group, exit 128 + the signal.
 // When the child is gone its whole process group is killed, and with it what the implementation forked
 // out of the group (containment.hpp), so processes the implementation forked never outlive the command.

@@ -72,6 +72,14 @@ pid=$!; sleep 6; kill -TERM $pid; wait $pid; rc=$?
 [ $rc = 143 ] || bad "train stopped by SIGTERM exited $rc, not 143"
 sleep 1
 pgrep -f "train $tmp/sv-hang.json" >/dev/null && { bad "train's child outlived SIGTERM"; pkill -9 -f "train $tmp/sv-hang.json"; }
+# SIGTERM sent to the supervised child itself (not to ckverify) is a stop from outside: exit 2, named,
+# blaming neither ckverify (exit 3) nor the implementation.
+"$ck" train "$tmp/sv-hang.json" >out.txt 2>err.txt &
+pid=$!
+for k in $(seq 100); do [ -n "$(pgrep -P $pid)" ] && break; sleep 0.1; done
+sleep 2; kill -TERM $(pgrep -P $pid); wait $pid; rc=$?
+[ $rc = 2 ] || { bad "train's child stopped by SIGTERM from outside: exit $rc, not 2"; cat out.txt err.txt; }
+grep -q "stopped by signal 15 (Terminated) from outside ckverify" err.txt || { bad "outside SIGTERM: not named"; cat err.txt; }
 sv_case sv-fork.json fork
 start=$(date +%s)
 "$ck" train sv-fork.json 2>&1 | cat > fork.txt
