@@ -109,10 +109,12 @@ Finding judge(const Observations& o) {
                                 r.message());
     }
     if (const std::string d = t.rng.differences(b.rng); !d.empty())
-      return fail("generators", "after the step the generator(s) of " + d +
-                                    " are not where the non-checkpointed run leaves them: the checkpointed run drew "
-                                    "a different amount of random numbers (a recompute that did not put the "
-                                    "generator back, or a forward that drew for other shapes)");
+      return fail("generators",
+                  "after the step the generator(s) of " + d +
+                      " are not where the non-checkpointed run leaves them: the checkpointed run drew "
+                      "a different amount of random numbers (a recompute that did not put the "
+                      "generator back, or a forward that drew for other shapes" +
+                      std::string(o.strategy ? ", or the strategy drawing random numbers of its own" : "") + ")");
   }
   std::string what =
       c.model.effects ? "fx=" + effects_to_string(c.model.effects) + " and the generators" : "the generators";

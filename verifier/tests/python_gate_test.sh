@@ -226,6 +226,10 @@ for a in deepspeed transformers; do
 done
 expect 0 "a strategy whose plan changes after the first step" -- "$ck" check \
   --strategy py:ckverify_test_impls:checkpoint_after_first_step --only fx=none --cases 30
+expect 1 "a strategy that draws random numbers of its own" -- "$ck" check \
+  --strategy py:ckverify_test_impls:draws_its_own --only fx=none --cases 30
+grep -q "^FAILED side-effect-once" out.txt && grep -q "or the strategy drawing random numbers of its own" out.txt ||
+  { bad "a strategy drawing its own random numbers: finding or hint"; cat out.txt; }
 expect 1 "a strategy that skips blocks" -- "$ck" check --strategy py:lab:run_with_segment_checkpointing_floor_bug:num_segments=2 \
   --only fx=none --cases 60
 grep -q "^FAILED recompute-count" out.txt || { bad "floor-bug headline"; cat out.txt; }

@@ -83,6 +83,15 @@ def checkpoint_after_first_step(blocks, x):
     return x
 
 
+def draws_its_own(blocks, x):
+    """A wrong strategy: checkpoints every block correctly, but draws a random number of its own first
+    (a random choice of what to checkpoint would), which moves the generators the model's dropout reads."""
+    torch.rand(1)
+    for block in blocks:
+        x = tc.checkpoint(block, x, use_reentrant=False)
+    return x
+
+
 def _recompute_failure():
     raise ValueError("raised in the recompute")
 
