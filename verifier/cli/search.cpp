@@ -100,7 +100,7 @@ SearchResult search(const SearchOptions& o) {
   const size_t width = static_cast<size_t>(std::max(1, o.jobs));
   // Greedy shrinking: take the first smaller Case (in shrink order) that fails the same property, repeat.
   // Candidates run `width` at a time; those after the one taken do not count.
-  auto shrink = [&](rc::Shrinkable<Case> current, FoundFailure& f) {
+  auto shrink = [&](rc::Shrinkable<Case> current, FoundFailure& f, const auto& evaluate) {
     for (bool smaller = true; smaller && !f.shrink_cut_short;) {
       smaller = false;
       auto candidates = current.shrinks();
@@ -149,8 +149,21 @@ SearchResult search(const SearchOptions& o) {
     if (!failing(*r.back(), property, o.skipped)) return std::vector<Finding>{};
     return std::move(*r.back());
   };
-  auto confirm = [&](FoundFailure& f, const Case& first, const std::vector<Finding>& first_findings,
-                     std::vector<Case> history) {
+  // Each candidate alone in a worker process of its own, so that nothing an earlier candidate left in
+  // the implementation (a cache, a counter) decides whether a smaller Case fails. A start per candidate
+  // (and the implementation's load) makes this shrink slower: it runs only where the other one misled.
+  auto fresh_each = [&](const std::vector<Case>& cs) {
+    std::vector<std::optional<std::vector<Finding>>> r;
+    for (const Case& c : cs) {
+      WorkerPool one(WorkerOptions{1, o.threads, o.case_timeout_s, o.gen.impl});
+      auto got = one.run({c}, deadline);
+      r.push_back(got.empty() ? std::nullopt : std::move(got.front()));
+    }
+    return r;
+  };
+  auto confirm = [&](FoundFailure& f, const rc::Shrinkable<Case>& first_shrinkable,
+                     const std::vector<Finding>& first_findings, std::vector<Case> history) {
+    const Case first = first_shrinkable.value();
     const auto alone = fresh_fails({f.failing_case}, f.property);
     if (!alone || !alone->empty()) return;  // it fails alone (or there is no time left to tell)
     const auto original = fresh_fails({first}, f.property);
@@ -159,6 +172,26 @@ SearchResult search(const SearchOptions& o) {
     f.shrink_steps = 0;
     if (original && !original->empty()) {
       f.findings = *original;
+      FoundFailure again;
+      again.property = f.property;
+      again.failing_index = f.failing_index;
+      again.failing_case = first;
+      again.findings = *original;
+      again.shrink_runs = f.shrink_runs;
+      shrink(first_shrinkable, again, fresh_each);
+      f.shrink_runs = again.shrink_runs;
+      f.shrink_cut_short = again.shrink_cut_short;
+      if (again.shrink_steps > 0) {
+        f.failing_case = std::move(again.failing_case);
+        f.findings = std::move(again.findings);
+        f.shrink_steps = again.shrink_steps;
+        f.history_note = fmt::format(
+            "the smaller Cases first found failed only after other cases had run in the same worker process (the "
+            "implementation keeps state across calls: a cache, a counter); shrunk again with every candidate alone "
+            "in a fresh worker process ({} step(s)), so this Case fails on its own",
+            again.shrink_steps);
+        return;
+      }
       f.history_note =
           "its shrunk Case passed in a fresh worker process, so the Case first found is kept: the smaller Cases "
           "failed only after other cases had run in the same process";
@@ -245,8 +278,8 @@ SearchResult search(const SearchOptions& o) {
         f.failing_case = values[k];
         f.findings = fs;
         excluded.insert(property);
-        shrink(batch[k], f);
-        if (pool && o.confirm_fresh && spec_kind(o.gen.impl) != SpecKind::name) confirm(f, values[k], fs, history);
+        shrink(batch[k], f, evaluate);
+        if (pool && o.confirm_fresh && spec_kind(o.gen.impl) != SpecKind::name) confirm(f, batch[k], fs, history);
         found.push_back(std::move(f));
       }
       i = index[k] + shard_n;

@@ -123,6 +123,17 @@ python3 -c "import json; f=json.load(open('hist.json'))['failure']; assert f['hi
 expect 0 "its Case alone passes" -- "$ck" repro hist-repro.json
 expect 1 "and fails after its history" -- "$ck" repro hist-repro.json --history hist-repro.history.json
 grep -q "^FAILED rng-replay" out.txt || { bad "repro --history headline"; cat out.txt; }
+# A cache across calls misleads the shrink (after earlier Cases, every call hits it), while the Case
+# first found fails on its own (two calls share shapes): the shrink runs again with every candidate
+# alone in a fresh worker, and its Case fails alone (steps=2: the second step hits the first's entry).
+# The fields are pinned so that the fresh shrink (a worker start per candidate) stays short.
+expect 1 "a cache keyed by shape is shrunk in fresh workers" -- "$ck" check \
+  --impl py:ckverify_test_impls:caches_by_shape --only fx=none --only layers=1 --only d=4 --only heads=1 --only batch=1 \
+  --only seq=2 --only ffn=1 --only vocab=2 --only drop=0,0,0,0 --only norm=layernorm --only pos=pre --only act=relu \
+  --cases 40 -j 1 --repro-file cache-repro.json
+grep -q "^  history: .*shrunk again with every candidate alone in a fresh worker process ([1-9][0-9]* step(s))" out.txt &&
+  grep -q "^  case: .* steps=2 " out.txt || { bad "cache: not shrunk in fresh workers"; cat out.txt; }
+expect 1 "its Case fails alone" -- "$ck" repro cache-repro.json
 echo '[{"not": "a case"}]' > bad-history.json
 expect 2 "a history that is not Cases" -- "$ck" repro hist-repro.json --history bad-history.json
 one_line_error "bad history"

@@ -118,6 +118,21 @@ def _forward_failure(n):
     raise KeyError("raised in the forward with %d argument(s)" % n)
 
 
+_by_shape = {}
+
+
+def caches_by_shape(segment, *args):
+    """Wrong: a call at input shapes seen before, in any Case this process ran, returns that call's
+    outputs again, detached (a cache keyed by shape). A Case fails on its own only where two of its
+    calls share shapes; after other Cases, any call may."""
+    key = tuple(tuple(a.shape) for a in args if torch.is_tensor(a))
+    if key in _by_shape:
+        return _by_shape[key]
+    out = _aware(segment, *args)
+    _by_shape[key] = out.detach() if torch.is_tensor(out) else tuple(o.detach() for o in out)
+    return out
+
+
 _calls = [0]
 
 
