@@ -1,11 +1,12 @@
 # ci/build_env.sh: how ci/test.sh and ci/main.sh configure their builds (sourced; sets the arrays
 # `type` and `launcher` for cmake).
 # Builds at RelWithDebInfo's -O2 without its -g (a third less compile time on LibTorch's headers;
-# CKVERIFY_DEBUG_INFO=1 keeps it; -O3 is not used: GCC 12 raises false -Wmaybe-uninitialized there)
+# CKVERIFY_DEBUG_INFO=1 keeps it; -O3 is not used: GCC 12 raises false -Wmaybe-uninitialized there),
+# with warnings as errors (CKVERIFY_WERROR; a build configured by hand only warns)
 # and through ccache when set-up installed it: the cache lives outside the clone
 # (CKVERIFY_CACHE_DIR), paths are hashed relative to the clone, so a fresh clone of the same commit on
 # this machine compiles nothing again. A cold cache costs nothing but the first build's time.
-type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKVERIFY_WERROR=ON)
 [ "${CKVERIFY_DEBUG_INFO:-0}" = 1 ] || type+=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG")
 launcher=()
 if command -v ccache >/dev/null 2>&1 && [ "${CKVERIFY_CCACHE:-1}" = 1 ]; then

@@ -83,10 +83,10 @@ ReferenceChecks reference_checks(const Observations& o) {
       const ReferenceTensor& x = tensors[i];
       ReferenceCheck k;
       k.step = static_cast<int>(s);
-      ReferenceBound bound = reference_tolerance(x.e64, all32[i], cond);
-      if (growth > kDivergence) bound = {{}, false, diverged(growth)};
-      k.checkable = bound.checkable;
-      k.why_not = bound.why_not;
+      const bool diverging = growth > kDivergence;
+      const ReferenceBound bound = diverging ? ReferenceBound{} : reference_tolerance(x.e64, all32[i], cond);
+      k.checkable = bound.checkable && !diverging;
+      k.why_not = diverging ? diverged(growth) : bound.why_not;
       k.result.view = x.view;
       if (k.checkable) k.result = compare_values(x.view, x.actual, x.e64, bound.tol);
       out.checks.push_back(std::move(k));
