@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,12 @@ std::vector<Finding> judge_all(const Observations& o);
 // The gate for one Case: observe (run stage), then judge_all. Throws EnvironmentError (the Case cannot
 // run here) and std::runtime_error (the baseline failed: a ckverify bug).
 std::vector<Finding> check_case(const Case& c, CheckpointImpl& impl);
+
+// Causes first: the property that should head a finding shrunk for `shrunk_for` whose Case failed
+// `findings` (in registry order): the first failed property before it that is not in `set_aside`
+// (skipped, or a finding already), else `shrunk_for` itself.
+std::string cause_first(const std::vector<Finding>& findings, const std::string& shrunk_for,
+                        const std::set<std::string>& set_aside);
 
 // Findings as one line of JSON (the answer of a worker or a rank) and back; findings_from_line throws
 // on a malformed line (nlohmann::json's errors).

@@ -73,6 +73,15 @@ std::vector<Finding> judge_all(const Observations& o) {
   return out;
 }
 
+std::string cause_first(const std::vector<Finding>& findings, const std::string& shrunk_for,
+                        const std::set<std::string>& set_aside) {
+  for (const auto& f : findings) {
+    if (f.property == shrunk_for) break;
+    if (f.failed() && !set_aside.count(f.property)) return f.property;
+  }
+  return shrunk_for;
+}
+
 std::string findings_to_line(const std::vector<Finding>& fs) {
   json a = json::array();
   for (const auto& f : fs) {

@@ -140,6 +140,20 @@ TEST(Blame, DetachedOutputsAreAGradientFinding) {
   EXPECT_NE(r.detail.find("no values (undefined)"), std::string::npos) << r.detail;
 }
 
+// A finding shrunk for memory-saved whose Case also fails recompute-count (earlier in report order: the
+// cause of what memory-saved sees) is headed by recompute-count, unless that one is set aside.
+TEST(Blame, AnEarlierFailureOnTheShrunkCaseHeadsTheFinding) {
+  const std::vector<Finding> fs = {
+      Finding::pass("rng-replay", ""), Finding::fail("recompute-count", 0, "segment 0", "recomputed twice"),
+      Finding::not_applicable("completes", "n/a"), Finding::fail("memory-saved", 0, "step 0", "kept 2x"),
+      Finding::fail("grad-baseline", 0, "w", "d")};
+  EXPECT_EQ(cause_first(fs, "memory-saved", {}), "recompute-count");
+  EXPECT_EQ(cause_first(fs, "grad-baseline", {}), "recompute-count");
+  EXPECT_EQ(cause_first(fs, "memory-saved", {"recompute-count"}), "memory-saved");
+  EXPECT_EQ(cause_first(fs, "recompute-count", {}), "recompute-count");  // nothing before it failed
+  EXPECT_EQ(cause_first(fs, "rng-replay", {}), "rng-replay");
+}
+
 // --only fixes fields on every generated Case, also where the generator chose a field that contradicts
 // them (gp>0 needs a trainable input, fx=bn four values per channel, resume a position inside the run):
 // that field goes back to its default. Fields that contradict each other stay an error.

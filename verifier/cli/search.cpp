@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -44,6 +45,31 @@ struct Progress {
 
 rc::Shrinkable<Case> generate(const rc::Gen<Case>& gen, uint64_t seed, int i) {
   return gen(rc::Random(rc::Random::Key{seed, static_cast<uint64_t>(i), 0x636b766572696679ULL, 1}), 100);
+}
+
+std::optional<rc::Shrinkable<Case>> shrink_jump(const rc::Shrinkable<Case>& s, Jump jump) {
+  const Case from = s.value();
+  auto allowed = [&](Case c) {
+    if (jump == Jump::smallest) return c.plan.kind == from.plan.kind;
+    c.model.layers = from.model.layers, c.model.d_model = from.model.d_model, c.model.heads = from.model.heads;
+    c.model.ffn_mult = from.model.ffn_mult, c.model.vocab = from.model.vocab;
+    c.batch = from.batch, c.seq = from.seq, c.steps = from.steps, c.micro = from.micro;
+    return c == from;
+  };
+  std::optional<rc::Shrinkable<Case>> at;
+  // Bounded: a Case has a few dozen fields, each taken to its first shrink in one step.
+  for (int step = 0; step < 1000; ++step) {
+    auto candidates = (at ? *at : s).shrinks();
+    std::optional<rc::Shrinkable<Case>> next;
+    for (int k = 0; k < 64 && !next; ++k) {
+      auto c = candidates.next();
+      if (!c) break;
+      if (allowed(c->value())) next = std::move(*c);
+    }
+    if (!next) break;
+    at = std::move(next);
+  }
+  return at;
 }
 
 std::vector<Finding> run_checks(const Case& c) {
@@ -99,8 +125,46 @@ SearchResult search(const SearchOptions& o) {
   };
   const size_t width = static_cast<size_t>(std::max(1, o.jobs));
   // Greedy shrinking: take the first smaller Case (in shrink order) that fails the same property, repeat.
-  // Candidates run `width` at a time; those after the one taken do not count.
-  auto shrink = [&](rc::Shrinkable<Case> current, FoundFailure& f, const auto& evaluate) {
+  // Candidates run `width` at a time; those after the one taken do not count. First, the jumps
+  // (shrink_jump): the smallest Case shrinking could reach, then the Case with only its sizes made
+  // smallest, the first that fails the same property taken. The greedy walk pays a failing run for
+  // every field it moves, which where a failing run costs the whole --case-timeout (a hang) spent the
+  // budget on a handful of fields; a failure that needs none of the Case's size now costs one such run,
+  // and one that needs its size at most two small passing runs more.
+  // Returns where it ended (the shrink tree of f.failing_case).
+  auto shrink = [&](rc::Shrinkable<Case> current, FoundFailure& f, const auto& evaluate) -> rc::Shrinkable<Case> {
+    std::vector<rc::Shrinkable<Case>> jumps;
+    std::vector<Case> jump_values;
+    for (Jump kind : {Jump::smallest, Jump::sizes})
+      if (auto j = shrink_jump(current, kind)) {
+        Case v = j->value();
+        if (std::find(jump_values.begin(), jump_values.end(), v) != jump_values.end()) continue;
+        jumps.push_back(std::move(*j)), jump_values.push_back(std::move(v));
+      }
+    for (size_t k = 0; k < jumps.size() && !f.shrink_cut_short;) {
+      std::vector<Case> group;
+      for (; k + group.size() < jumps.size() && group.size() < width &&
+             f.shrink_runs + static_cast<int>(group.size()) < o.max_shrink_runs;)
+        group.push_back(jump_values[k + group.size()]);
+      if (group.empty()) break;
+      auto results = evaluate(group);
+      bool taken = false;
+      for (size_t g = 0; g < group.size() && !taken; ++g) {
+        if (!results[g]) {
+          f.shrink_cut_short = true;
+          break;
+        }
+        ++f.shrink_runs;
+        if (!failing(*results[g], f.property, o.skipped)) continue;
+        current = jumps[k + g];
+        f.failing_case = group[g];
+        f.findings = std::move(*results[g]);
+        ++f.shrink_steps;
+        taken = true;
+      }
+      if (taken) break;
+      k += group.size();
+    }
     for (bool smaller = true; smaller && !f.shrink_cut_short;) {
       smaller = false;
       auto candidates = current.shrinks();
@@ -137,6 +201,7 @@ SearchResult search(const SearchOptions& o) {
         }
       }
     }
+    return current;
   };
   // A shrunk finding, run again alone in a fresh worker process. When it does not fail there, the
   // failure needed something its worker carried from earlier cases: the Case first found is tried
@@ -278,8 +343,19 @@ SearchResult search(const SearchOptions& o) {
         f.failing_case = values[k];
         f.findings = fs;
         excluded.insert(property);
-        shrink(batch[k], f, evaluate);
+        const rc::Shrinkable<Case> end = shrink(batch[k], f, evaluate);
         if (pool && o.confirm_fresh && spec_kind(o.gen.impl) != SpecKind::name) confirm(f, batch[k], fs, history);
+        // Causes first: where the Case shrinking ended fails a property that comes earlier in report
+        // order (one the first failing case did not fail: a cache the implementation kept across
+        // calls, a dimension the bigger Case hid it behind), that property heads the finding and the
+        // one shrunk for goes under `also`, free to be found again on its own (--max-findings).
+        if (const std::string cause = cause_first(f.findings, f.property, excluded);
+            o.pinned.empty() && cause != f.property) {
+          excluded.erase(f.property);
+          f.property = cause;
+          excluded.insert(cause);
+          if (f.history.empty() && !f.shrink_cut_short && end.value() == f.failing_case) shrink(end, f, evaluate);
+        }
         found.push_back(std::move(f));
       }
       i = index[k] + shard_n;

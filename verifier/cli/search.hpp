@@ -1,17 +1,18 @@
 // verifier/cli/search.hpp: the gate's search over generated Cases, shared by `check` and `faults`.
 // Case i of a run is a pure function of (seed, i): generated from its own RapidCheck random stream, so a
 // seed names the same cases whatever else changes. The first case on which a property fails locks that
-// property (or the pinned one), and the case is shrunk greedily through RapidCheck's shrink tree,
-// accepting only smaller Cases that fail the same property, so the shrunk Case reproduces the original
-// diagnosis. The time budget bounds the whole search, shrinking included.
-// With jobs > 0 every Case runs in worker processes (workers.hpp), a batch at a time; results are taken
-// in case order and shrink candidates in their order, so the verdict, the counts and the shrunk Case are
-// the same for any number of workers. A shard (index k of n) runs the cases i with i % n == k, and keeps
-// each case's outcome so that `ckverify merge` can rebuild the unsharded verdict.
+// property (or the pinned one), and the case is shrunk through RapidCheck's shrink tree (one jump to
+// the smallest Case it could reach, shrink_jump, then greedily field by field), accepting only smaller Cases that fail
+// the same property, so the shrunk Case reproduces the original diagnosis. The time budget bounds the whole search,
+// shrinking included. With jobs > 0 every Case runs in worker processes (workers.hpp), a batch at a time; results are
+// taken in case order and shrink candidates in their order, so the verdict, the counts and the shrunk Case are the same
+// for any number of workers. A shard (index k of n) runs the cases i with i % n == k, and keeps each case's outcome so
+// that `ckverify merge` can rebuild the unsharded verdict.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -92,6 +93,15 @@ SearchResult search(const SearchOptions& o);
 
 // Case i of seed `seed` (with its shrink tree), as search() generates it.
 rc::Shrinkable<Case> generate(const rc::Gen<Case>& gen, uint64_t seed, int i);
+
+// A Case shrinking could reach from `s`, found without running anything: the first allowed shrink of
+// each step taken until none is left. Jump::smallest allows every shrink that keeps the plan's kind (a
+// Case that checkpoints nothing cannot show an implementation's failure): every field at the value its
+// shrink tries first. Jump::sizes allows only those that change the sizes (layers, width, heads, FFN
+// width, vocabulary, batch, sequence, steps, micro-batches) and keep every other field. Empty when `s`
+// has no such shrink. search() runs both before the greedy walk (search.cpp).
+enum class Jump { smallest, sizes };
+std::optional<rc::Shrinkable<Case>> shrink_jump(const rc::Shrinkable<Case>& s, Jump jump);
 
 // The gate on one Case against the implementation the Case names.
 std::vector<Finding> run_checks(const Case& c);

@@ -29,6 +29,13 @@ start=$(date +%s)
 expect 1 "a plugin that hangs is a finding" -- "$ck" check --impl "$mis:mode=hang" --plan block --cases 3 -j 2 --case-timeout 2 \
   --time-budget 12 --json hang.json --repro-file hang-repro.json
 grep -q "per-case timeout of 2 s" hang.json || { bad "hang: timeout not named"; cat out.txt; }
+# Every failing shrink candidate of a hang costs the whole timeout: within the 12 s budget the shrink
+# still ends at the smallest Case (search.cpp: the jump before the greedy walk).
+python3 -c "
+import json, sys
+c = json.load(open('hang-repro.json'))
+big = {k: c[k] for k in ('layers', 'batch', 'seq', 'steps', 'micro', 'd') if c.get(k, 1) > (4 if k == 'd' else 1)}
+sys.exit('not shrunk to the smallest Case: %s' % big if big else 0)" || bad "hang: shrinking"
 [ $(( $(date +%s) - start )) -le 60 ] || bad "a hanging plugin held ckverify for $(( $(date +%s) - start )) s"
 
 # train, bench and audit-amp run the implementation in a supervised child (supervise.hpp): each way of
