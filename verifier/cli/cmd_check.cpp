@@ -136,6 +136,15 @@ int run_check(const CheckArgs& a) {
     throw EnvironmentError(why);
   std::vector<std::pair<std::string, FileArg>> paths = out.paths();
   paths.emplace_back("--repro-file", repro_path);
+  if (!repro_path.empty()) {  // the files a finding may write beside it (finding() below)
+    paths.emplace_back("the history file beside --repro-file", beside(repro_path, "history"));
+    if (max_findings > 1)
+      for (const auto& name : property_names()) {
+        const FileArg further = beside(repro_path, name);
+        paths.emplace_back("the repro file of a further " + name + " finding", further);
+        paths.emplace_back("the history file of a further " + name + " finding", beside(further, "history"));
+      }
+  }
   check_outputs(paths);
   check_device(device);
   o.cases = cases;

@@ -64,6 +64,16 @@ void check_outputs(const std::vector<std::pair<std::string, FileArg>>& outputs,
                        (fs::exists(dir, ec) ? " is not a directory" : " does not exist"));
     if (::access(dir.c_str(), W_OK) != 0)
       throw UsageError(shown + ": directory " + sanitize(shown_dir.string(), 200) + " is not writable");
+    {  // access() passes for root everywhere, and knows nothing of /proc or a read-only mount: the
+       // temporary file write_atomically() makes there, made and removed now
+      std::string probe = (dir / ".ckverify-XXXXXX").string();
+      const int fd = ::mkstemp(probe.data());
+      if (fd < 0)
+        throw UsageError(shown + ": cannot create a file in " + sanitize(shown_dir.string(), 200) + ": " +
+                         std::strerror(errno));
+      ::close(fd);
+      ::unlink(probe.c_str());
+    }
     const fs::path canon = fs::weakly_canonical(path, ec);
     for (const auto& [other, p] : seen)
       if (p == canon) throw UsageError(shown + ": the same file as " + other);

@@ -138,10 +138,24 @@ expect 2 "missing output directory" -- "$ck" check --cases 5 --json nodir/r.json
 mkdir -p adir
 expect 2 "an output that is a directory" -- "$ck" check --cases 5 --json adir
 expect 2 "an output that is a device" -- "$ck" check --cases 5 --json /dev/null
+# A directory where no file can be made, though access() says writable (as it does to root): refused
+# before the run, not after it.
+expect 2 "an output in /proc" -- "$ck" check --cases 5 --json /proc/ckverify-report.json
+grep -q "cannot create a file in /proc" err.txt || { bad "/proc: not named"; cat err.txt; }
+"$ck" case layers=1 d=4 heads=1 steps=2 > proc-case.json
+expect 2 "train --save in /proc" -- "$ck" train proc-case.json --save /proc/ckverify.state
+grep -q "loss" out.txt && bad "train --save in /proc trained before refusing"
 ln -sf report.json link.json
 expect 2 "an output that is a symbolic link" -- "$ck" check --cases 5 --json link.json
 expect 2 "the same file for two outputs" -- "$ck" check --cases 5 --json same.json --repro-file same.json
 [ ! -e same.json ] || bad "wrote an output of a refused run"
+# The files a finding writes beside --repro-file are outputs too: a report there would be overwritten
+# (or overwrite them), and the printed repro command would replay a report.
+expect 2 "a report where a further finding's repro goes" -- "$ck" check --impl no-preserve-rng --cases 5 \
+  --max-findings 3 --repro-file r.json --json r.side-effect-once.json
+grep -q "further side-effect-once finding" err.txt || bad "the clash with a further finding's file is not named"
+expect 2 "a report where the history goes" -- "$ck" check --cases 5 --repro-file r.json --markdown r.history.json
+[ ! -e r.json ] && [ ! -e r.side-effect-once.json ] && [ ! -e r.history.json ] || bad "wrote an output of a refused run"
 ls .ckverify-* >/dev/null 2>&1 && bad "temporary files left"
 if ! "$ck" list | grep -q "cpu-rng-only" || ! "$ck" list | grep -q "^  inplace=true|false"; then bad "list"; fi
 "$ck" list | grep -q "@convention=strategy" || bad "list does not show the spec conventions"
