@@ -207,6 +207,7 @@ std::string to_json(const Report& r) {
             {"plan", r.plan},
             {"device", r.device},
             {"torch", r.torch},
+            {"version", r.version},
             {"seed", r.seed},
             {"cases_requested", r.cases_requested},
             {"cases_run", r.cases_run},
@@ -363,6 +364,7 @@ Report from_json(const std::string& text) {
     r.plan = j.at("plan").get<std::string>();
     r.device = j.at("device").get<std::string>();
     r.torch = j.at("torch").get<std::string>();
+    r.version = j.value("version", "");
     r.seed = j.at("seed").get<uint64_t>();
     {
       const json& n = j.at("cases_requested");
@@ -488,6 +490,7 @@ Report merge(const std::vector<Report>& shards) {
     differs("--only fields", r.only != a.only);
     differs("devices", r.device != a.device);
     differs("LibTorch versions", r.torch != a.torch);
+    differs("ckverify versions", r.version != a.version);
     differs("seeds", r.seed != a.seed);
     differs("case counts (--cases)", r.cases_requested != a.cases_requested);
     differs("shard counts", r.shard_count != n);
@@ -565,6 +568,7 @@ Report merge(const std::vector<Report>& shards) {
   }
   std::sort(m.outcomes.begin(), m.outcomes.end());
   // The findings of the unsharded run: per property, the earliest failure any shard found (in case
+  m.version = a.version;
   // order), the first --max-findings of them. (Where one case fails several properties, the unsharded
   // run finds each at that case, as a shard does.)
   struct Pick {

@@ -54,6 +54,7 @@ struct Failure {
 struct Report {
   std::string command;  // "check" or "repro"
   std::string impl, plan, device, torch;
+  std::string version;      // ckverify's, VERSION+COMMIT (verifier/cli/version.hpp); empty in a report from before it
   std::string only;         // check --only: the Case fields every case took as given
   std::string skip_reason;  // --reason of the properties set aside with --skip (empty: none skipped)
   uint64_t seed = 0;

@@ -204,6 +204,16 @@ TEST(Report, MergeRefusesWhatIsNotOneRun) {
   Report other = shard(2, 2, {{1, "HH"}});
   other.seed = 8;
   EXPECT_NE(message({shard(1, 2, {{0, "HH"}}), other}).find("seeds differ"), std::string::npos);
+  // Shards of one run come from one ckverify: another build may judge a Case otherwise.
+  Report newer = shard(2, 2, {{1, "HH"}});
+  newer.version = "0.1.0+0123456789ab";
+  EXPECT_EQ(message({shard(1, 2, {{0, "HH"}}), newer}),
+            "the reports are not shards of one run: their ckverify versions differ");
+  Report same = shard(1, 2, {{0, "HH"}});
+  same.version = newer.version;
+  EXPECT_EQ(message({same, newer}), "merged");
+  EXPECT_EQ(merge({same, newer}).version, newer.version);
+  EXPECT_EQ(from_json(to_json(newer)).version, newer.version);
   EXPECT_EQ(message({}), "nothing to merge");
   EXPECT_EQ(message({shard(1, 2, {{1, "HH"}}), shard(2, 2, {{3, "HH"}})}),
             "shard 1/2 lists case 1, which is not one of its cases");

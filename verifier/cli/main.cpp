@@ -36,6 +36,7 @@
 #include "verifier/cli/cmd_worker.hpp"
 #include "verifier/cli/rank_case.hpp"
 #include "verifier/cli/supervise.hpp"
+#include "verifier/cli/version.hpp"
 #include "verifier/run/state.hpp"
 
 namespace {
@@ -86,6 +87,8 @@ int main(int argc, char** argv) {
       "reference).\nExit codes: 0 all properties held, 1 a property failed, 2 bad usage, bad input or a case this "
       "machine cannot run, 3 internal error."};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("ckverify ") + version() + " (LibTorch " + TORCH_VERSION + ")",
+                       "Print ckverify's version (VERSION+COMMIT) and LibTorch's, and exit");
   CheckArgs check;
   ReproArgs repro;
   FaultsArgs faults;

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "verifier/cli/output.hpp"
+#include "verifier/cli/version.hpp"
 
 namespace ckv::cli {
 
@@ -52,7 +53,9 @@ report::Failure make_failure(const Case& c, const std::vector<Finding>& fs, cons
 }
 
 int emit(report::Report& r, const Outputs& out) {
-  r.torch = TORCH_VERSION;
+  // A merged report keeps its shards' versions (merge refuses shards whose versions differ).
+  if (r.torch.empty()) r.torch = TORCH_VERSION;
+  if (r.version.empty()) r.version = version();
   std::cout << report::to_console(r) << std::flush;
   std::string failed;
   for (const auto& [option, file] : out.paths()) {

@@ -157,6 +157,12 @@ grep -q "further side-effect-once finding" err.txt || bad "the clash with a furt
 expect 2 "a report where the history goes" -- "$ck" check --cases 5 --repro-file r.json --markdown r.history.json
 [ ! -e r.json ] && [ ! -e r.side-effect-once.json ] && [ ! -e r.history.json ] || bad "wrote an output of a refused run"
 ls .ckverify-* >/dev/null 2>&1 && bad "temporary files left"
+expect 0 "--version" -- "$ck" --version
+grep -Eq "^ckverify [0-9]+\.[0-9]+\.[0-9]+\+[0-9a-z-]+ \(LibTorch [0-9.]+" out.txt || { bad "--version"; cat out.txt; }
+version=$(sed -E 's/^ckverify ([^ ]+) .*/\1/' out.txt)
+expect 0 "a report names ckverify's version" -- "$ck" check --cases 2 --json versioned.json
+python3 -c "import json,sys; assert json.load(open('versioned.json'))['version'] == sys.argv[1]" "$version" ||
+  bad "the report's version is not --version's"
 if ! "$ck" list | grep -q "cpu-rng-only" || ! "$ck" list | grep -q "^  inplace=true|false"; then bad "list"; fi
 "$ck" list | grep -q "@convention=strategy" || bad "list does not show the spec conventions"
 
