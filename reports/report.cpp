@@ -143,9 +143,19 @@ std::string to_console(const Report& r) {
       if (!skipped_counts(r).empty())
         out += fmt::format("  skipped: {} (set aside: {})\n", skipped_counts(r), r.skip_reason);
       if (!f.repro.empty()) out += "  repro:   " + f.repro + "\n";
-      if (f.passing_before >= 0)
-        out += fmt::format(k ? "  found at case {}{}\n" : "  found after {} passing case(s){}\n", f.passing_before,
-                           note.empty() ? "" : ", then " + note);
+      if (f.passing_before >= 0) {
+        // Every case before it ran and passed only in a whole run's first finding; a shard runs every
+        // n-th case, and a merged run has a gap where a shard stopped at its time budget.
+        const bool gap = r.shard_count == 1 && f.passing_before > r.cases_run;
+        out += k == 0 && r.shard_count == 1 && !gap
+                   ? fmt::format("  found after {} passing case(s)", f.passing_before)
+                   : fmt::format("  found at case {}{}", f.passing_before,
+                                 gap ? fmt::format(" (not every case before it ran: case {} did not, its shard "
+                                                   "stopped at its time budget)",
+                                                   r.cases_run)
+                                     : "");
+        out += (note.empty() ? "" : ", then " + note) + "\n";
+      }
     };
     block(*r.failure, 0, r.shrink_note);
     for (size_t k = 0; k < r.further.size(); ++k) block(r.further[k], k + 1, r.further[k].shrink_note);
@@ -180,7 +190,7 @@ std::string to_console(const Report& r) {
     out += r.exit_code == 0 ? "PASS\n" : "FAIL\n";
   else
     out +=
-        r.time_budget_hit && !r.failure
+        r.time_budget_hit
             ? fmt::format("{}: {} of {} case(s) in {:.1f} s (time budget reached)\n",
                           r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run, r.cases_requested, r.elapsed_s)
             : fmt::format("{}: {} case(s) in {:.1f} s\n", r.exit_code == 0 ? "PASS" : "FAIL", r.cases_run, r.elapsed_s);
@@ -558,6 +568,7 @@ Report merge(const std::vector<Report>& shards) {
   m.skip_reason = a.skip_reason;
   m.min_cases = a.min_cases;
   m.impl = a.impl, m.plan = a.plan, m.only = a.only, m.device = a.device, m.torch = a.torch, m.seed = a.seed;
+  m.version = a.version;
   m.cases_requested = a.cases_requested;
   m.time_budget_s = a.time_budget_s;
   m.max_findings = a.max_findings;
@@ -568,7 +579,6 @@ Report merge(const std::vector<Report>& shards) {
   }
   std::sort(m.outcomes.begin(), m.outcomes.end());
   // The findings of the unsharded run: per property, the earliest failure any shard found (in case
-  m.version = a.version;
   // order), the first --max-findings of them. (Where one case fails several properties, the unsharded
   // run finds each at that case, as a shard does.)
   struct Pick {

@@ -188,6 +188,24 @@ TEST(Report, MergeEndsWhereNoShardRanACase) {
   EXPECT_EQ(merge({empty, shard(2, 3, {{1, "HH"}}), shard(3, 3, {{2, "HH"}})}).exit_code, 1);
 }
 
+TEST(Report, AFindingPastAGapDoesNotClaimEveryCaseBeforeItPassed) {
+  // Shard 1 ran nothing (its budget), shard 3 failed at case 2: cases 0 and 1 are not known to pass.
+  Report s1 = shard(1, 3, {});
+  s1.time_budget_hit = true;
+  s1.time_budget_s = 0.05;
+  const Report m = merge({s1, shard(2, 3, {{1, "HH"}}), shard(3, 3, {{2, "HF"}}, 2)});
+  ASSERT_TRUE(m.failure);
+  EXPECT_EQ(m.cases_run, 0);
+  const std::string text = to_console(m);
+  EXPECT_EQ(text.find("passing case"), std::string::npos) << text;
+  EXPECT_NE(text.find("found at case 2 (not every case before it ran: case 0 did not"), std::string::npos) << text;
+  EXPECT_NE(text.find("(time budget reached)"), std::string::npos) << text;
+  // A shard's own report: the case's index, not a count of passing cases (it ran every third case).
+  const std::string own = to_console(shard(3, 3, {{2, "HF"}}, 2));
+  EXPECT_NE(own.find("found at case 2"), std::string::npos) << own;
+  EXPECT_EQ(own.find("passing case"), std::string::npos) << own;
+}
+
 // What merge says about shards: its one-line refusal, or "merged".
 std::string message(const std::vector<Report>& shards) {
   try {
