@@ -471,6 +471,9 @@ std::string all_keys() {
 
 Case from_object(const json& j) {
   if (!j.is_object()) fail("a case must be a JSON object, got " + std::string(j.type_name()));
+  // The --json report of a run, given where its repro file belongs.
+  if (const auto tool = j.find("tool"); tool != j.end() && *tool == "ckverify")
+    fail("this is a ckverify report (--json), not a Case file: replay the file a failing run wrote with --repro-file");
   Case c;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const Field* f = find_field(it.key());

@@ -172,6 +172,8 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"{\"layers\": 1e400}", false, "malformed JSON"},
         Bad{"{\"layers\": 99999999999999999999}", false, "layers must be an integer in [1, 64], got 1e+20"},
         Bad{"{\"d_model\": 8}", false, "unknown field \"d_model\""}, Bad{"{\"seed\": -1}", false, "seed must be"},
+        Bad{"{\"tool\": \"ckverify\", \"command\": \"check\", \"case_outcomes\": []}", false,
+            "this is a ckverify report (--json), not a Case file"},
         Bad{"{\"loss\": \"hinge\"}", false, "loss=\"hinge\" is not one of ce|mse"},
         Bad{"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]", false, "nested deeper than 8"}));
 
