@@ -37,7 +37,8 @@ std::string ratio_text(const PlanBench& p) {
   if (p.plan == "none" && p.impl.empty()) return "-";
   if (p.overhead_ci.contains(0.0)) return "noise";
   if (p.overhead_ci.hi < 0) return "n/a";
-  return fmt::format("{:.2f}", p.saving / p.overhead);
+  // Resolved by an interval of less than 95% coverage (too few rounds): marked as that interval is.
+  return fmt::format("{:.2f}{}", p.saving / p.overhead, p.overhead_ci.coverage >= 0.95 ? "" : "*");
 }
 std::string impl_tag(const BenchResult& r, const std::string& impl) {
   for (size_t k = 0; k < r.impls.size(); ++k)
@@ -115,8 +116,12 @@ std::string bench_table(const BenchResult& r) {
         overhead_text(p), expected_text(p), p.tokens_per_s, ratio_text(p), p.loss_divergence,
         verified ? "  " + (p.verified.empty() ? std::string("-") : p.verified) : "");
     if (p.budget_batch > 0)
-      s += fmt::format("{:<8}   within the budget: batch {} (peak {:.1f} MiB) at {:.0f} tokens/s\n", "", p.budget_batch,
-                       mib(p.budget_peak), p.budget_tokens_per_s);
+      s += fmt::format(
+          "{:<8}   within the budget: batch {} (peak {:.1f} MiB) at {:.0f} tokens/s, one measurement; "
+          "bounded by {}\n",
+          "", p.budget_batch, mib(p.budget_peak), p.budget_tokens_per_s, p.budget_note);
+    else if (!p.budget_note.empty())
+      s += fmt::format("{:<8}   within the budget: {}\n", "", p.budget_note);
   }
   s += "overhead: median over the rounds of step / step(none) - 1, with its distribution-free 95% interval; "
        "save/ovh only where that interval excludes 0 (noise: it does not)\n";
@@ -195,8 +200,12 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                                      {"backward", pass(p.backward_collectives)}};
       }
       if (p.budget_batch > 0)
-        j["budget"] = {
-            {"batch", p.budget_batch}, {"peak_bytes", p.budget_peak}, {"tokens_per_s", p.budget_tokens_per_s}};
+        j["budget"] = {{"batch", p.budget_batch},
+                       {"peak_bytes", p.budget_peak},
+                       {"tokens_per_s", p.budget_tokens_per_s},
+                       {"bounded_by", p.budget_note}};
+      else if (!p.budget_note.empty())
+        j["budget"] = {{"batch", nullptr}, {"note", p.budget_note}};
     }
     plans.push_back(j);
   }

@@ -209,7 +209,8 @@ CLI::App* add_bench(CLI::App& app, BenchArgs& a) {
       ->add_option("--target", a.target,
                    "Relative half-width every 95% interval of a time ratio should reach (0.02: +-2%)")
       ->capture_default_str();
-  bench->add_option("--threads", a.threads, "Intra-op threads (default: the machine's cores)");
+  bench->add_option("--threads", a.threads, "Intra-op threads, 1 to 1024 (default: the machine's cores)")
+      ->check(CLI::Range(1, 1024));  // only a given value: 0 stays the default's mark
   bench->add_option("--memory-budget", a.budget, "Find each plan's largest batch within this peak (e.g. 512M, 2G)");
   bench->add_flag("--growth", a.growth,
                   "Also measure activation peak against depth (L = 4, 9, 16, 25, 36) for none and sqrt");

@@ -249,24 +249,50 @@ void budget_search(const Case& c, CheckpointImpl* impl, int64_t budget, const Be
   };
   const int b0 = c.batch;
   const int64_t p0 = b.total_peak, p1 = peak_at(2 * b0);
-  if (p1 == std::numeric_limits<int64_t>::max() || p1 <= p0) return;
+  if (p1 == std::numeric_limits<int64_t>::max()) {
+    b.budget_note = fmt::format("no batch searched: the run at batch {} did not complete", 2 * b0);
+    return;
+  }
+  if (p1 <= p0) {
+    b.budget_note = fmt::format("no batch searched: the peak does not grow from batch {} to {}", b0, 2 * b0);
+    return;
+  }
   const double per = static_cast<double>(p1 - p0) / b0, fixed = static_cast<double>(p0) - per * b0;
-  int cand = static_cast<int>(std::floor((static_cast<double>(budget) - fixed) / per));
-  cand = std::min(cand, kMaxBatch);
+  const double fits = std::floor((static_cast<double>(budget) - fixed) / per);
+  int cand = static_cast<int>(std::clamp(fits, 0.0, static_cast<double>(kMaxBatch)));
+  const bool capped = fits > kMaxBatch;
+  int64_t last_peak = 0;
   for (int tries = 0; tries < 4 && cand >= 1; ++tries) {
     Case k = c;
     k.batch = cand;
-    if (!validation_error(k).empty()) {
+    if (const std::string why = validation_error(k); !why.empty()) {
+      if (tries == 0 && b.budget_note.empty()) b.budget_note = "batch " + std::to_string(cand) + ": " + why;
       --cand;
       continue;
     }
     Measured m = measure(k, impl, o.warmup);
     if (m.bench.completed && m.bench.total_peak <= budget) {
       b.budget_batch = cand, b.budget_peak = m.bench.total_peak, b.budget_tokens_per_s = m.bench.tokens_per_s;
+      // What stopped the batch from growing: the budget, or the largest batch the search tries (or a
+      // batch the Case cannot take).
+      b.budget_note = capped && cand == kMaxBatch
+                          ? fmt::format("the largest batch searched ({}); the budget was not reached", kMaxBatch)
+                      : b.budget_note.empty() ? "the budget"
+                                              : b.budget_note + ", so smaller";
       return;
     }
+    last_peak = m.bench.completed ? m.bench.total_peak : 0;
     cand = std::max(cand - std::max(1, cand / 16), 0);
   }
+  auto size = [](double bytes) {
+    return bytes < 1024.0 * 1024.0 ? fmt::format("{:.1f} KiB", bytes / 1024.0)
+                                   : fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
+  };
+  b.budget_note =
+      cand < 1 && last_peak == 0
+          ? fmt::format("no batch fits: batch 1 needs about {} (from batches {} and {})", size(fixed + per), b0, 2 * b0)
+          : fmt::format("no batch found within 4 tries (the last, peak {}, did not fit)",
+                        size(static_cast<double>(last_peak)));
 }
 
 }  // namespace

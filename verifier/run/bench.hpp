@@ -102,6 +102,8 @@ struct PlanBench {
   int budget_batch = 0;            // largest batch within the budget (0: none fits, or no budget)
   int64_t budget_peak = 0;
   double budget_tokens_per_s = 0.0;
+  // With a budget: what bounded the batch found, or why none was ("" without a budget).
+  std::string budget_note;
   PassCollectives forward_collectives, recompute_collectives, backward_collectives;  // on ranks (rank 0's)
   std::string verified;         // the gate's verdict on this plan or strategy (the CLI's --verify-cases); "" not run
   std::string verified_detail;  // a failure's shrunk Case line and finding

@@ -290,7 +290,14 @@ grep -q "fitted peak = c + a \* L^k: none k = " out.txt || bad "bench growth fit
 [ "$(grep -c -e '^none,"",0,' -e '^block,"builtin",0,' rep/losses.csv)" = 2 ] || { bad "losses.csv lacks a plan's loss"; cat rep/losses.csv; }
 grep -q "!\[growth\](growth.png)" rep/report.md || bad "report does not show the growth plot"
 expect 0 "bench with a memory budget" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 --memory-budget 2M
-grep -q "within the budget: batch" out.txt || { bad "no budget batch"; cat out.txt; }
+grep -q "within the budget: batch .*one measurement; bounded by " out.txt || { bad "no budget batch"; cat out.txt; }
+# A budget no batch fits is said, not dropped: on the console and in the JSON.
+expect 0 "bench with a budget nothing fits" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 \
+  --memory-budget 1K --json budget.json
+grep -q "within the budget: no batch fits: batch 1 needs about" out.txt || { bad "no-fit budget not said"; cat out.txt; }
+python3 -c "import json; assert all(p['budget']['batch'] is None for p in json.load(open('budget.json'))['plans'])" ||
+  bad "no-fit budget not in the JSON"
+expect 2 "bench --threads 0" -- "$ck" bench bench.json --threads 0
 expect 2 "bench: unknown preset" -- "$ck" bench --preset lab
 one_line_error "bench: unknown preset"
 expect 2 "bench: bad budget" -- "$ck" bench bench.json --memory-budget 12parsecs
