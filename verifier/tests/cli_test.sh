@@ -369,14 +369,14 @@ grep -q "time budget of 2 s reached" out.txt || bad "budget not reported"
 # checkpointed plan also with the selective plan (tpkeep=reduced), whose recompute repeats none of the
 # forward all-reduces the full recompute repeats; a fault whose recompute draws other masks in the
 # tensor-parallel regions leaves none's loss curve; what is not measured on ranks is refused.
-"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 steps=2 > bench-tp.json
-expect 0 "bench of a tp=2 Case" -- "$ck" bench bench-tp.json --plans block --repeats 2 --max-repeats 2 \
-  --verify-cases 0 --json bench-tp-out.json
+"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 steps=2 > cli-bench-tp.json
+expect 0 "bench of a tp=2 Case" -- "$ck" bench cli-bench-tp.json --plans block --repeats 2 --max-repeats 2 \
+  --verify-cases 0 --json cli-bench-tp-out.json
 grep -q "^collectives per step on rank 0 of 2 (tp=2 dp=1)" out.txt || { bad "bench tp=2: no collectives table"; cat out.txt; }
 grep -q "^\[Gloo\]" out.txt && bad "bench tp=2: Gloo's notes in the output"
 python3 - <<'PY' || bad "bench tp=2: the collectives per plan"
 import json
-r = json.load(open("bench-tp-out.json"))
+r = json.load(open("cli-bench-tp-out.json"))
 assert (r["tp"], r["dp"]) == (2, 1), (r["tp"], r["dp"])
 c = {p["plan"]: p["collectives_per_step"] for p in r["plans"]}
 assert set(c) == {"none", "block", "block tpkeep=reduced"}, list(c)
@@ -386,17 +386,17 @@ assert c["none"]["recompute"]["count"] == 0, c["none"]
 assert c["block"]["recompute"]["count"] == 4 and c["block"]["recompute"]["kib_total"] > 0, c["block"]
 assert c["block tpkeep=reduced"]["recompute"]["count"] == 0, c["block tpkeep=reduced"]
 PY
-expect 1 "bench of a tp=2 Case under tracker-not-replayed" -- "$ck" bench bench-tp.json --impl tracker-not-replayed \
+expect 1 "bench of a tp=2 Case under tracker-not-replayed" -- "$ck" bench cli-bench-tp.json --impl tracker-not-replayed \
   --plans block --repeats 2 --max-repeats 2 --verify-cases 0
 grep -q "^FAIL: the loss curve of plan block (tracker-not-replayed) left none's" out.txt ||
   { bad "bench tp=2 tracker-not-replayed: not the loss curve"; cat out.txt; }
-"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block micro=2 dp=2 steps=2 > bench-dp.json
-expect 0 "bench of a dp=2 Case" -- "$ck" bench bench-dp.json --plans block --repeats 2 --max-repeats 2 --verify-cases 0
+"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block micro=2 dp=2 steps=2 > cli-bench-dp.json
+expect 0 "bench of a dp=2 Case" -- "$ck" bench cli-bench-dp.json --plans block --repeats 2 --max-repeats 2 --verify-cases 0
 grep -q "^collectives per step on rank 0 of 2 (tp=1 dp=2)" out.txt || { bad "bench dp=2: no collectives table"; cat out.txt; }
-expect 2 "bench --growth of a dp=2 Case" -- "$ck" bench bench-dp.json --growth
+expect 2 "bench --growth of a dp=2 Case" -- "$ck" bench cli-bench-dp.json --growth
 one_line_error "bench --growth on ranks"
 sleep 1
-pgrep -f "ckverify bench bench-" >/dev/null && bad "bench on ranks: a rank outlived the run"
+pgrep -f "ckverify bench cli-bench-" >/dev/null && bad "bench on ranks: a rank outlived the run"
 
 echo "cli_test: $fails failure(s)"
 exit $((fails > 0))

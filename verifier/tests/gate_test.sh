@@ -310,12 +310,12 @@ expect 0 "--only shapes that vary across micro-batches" -- "$ck" check --cases 1
 expect 0 "check --only tp=2 on the builtin" -- "$ck" check --cases 6 -j 2 --only tp=2 --json tp2.json
 grep -q "^held  parallel-consistency on 6/6 cases" out.txt || { bad "tp=2: parallel-consistency not judged on every case"; cat out.txt; }
 grep -q "^held  collective-ledger on 6/6 cases" out.txt || { bad "tp=2: collective-ledger not judged on every case"; cat out.txt; }
-expect 1 "a plugin that segfaults on ranks" -- "$ck" check --impl "$mis:mode=segv" --plan block --only tp=2 --cases 2 -j 2 \
-  --time-budget 20 --json tp-segv.json
+expect 1 "a plugin that segfaults on ranks" -- env CKV_TEST_MARK=gate-tp-segv "$ck" check --impl "$mis:mode=segv" \
+  --plan block --only tp=2 --cases 2 -j 2 --time-budget 20 --json tp-segv.json
 grep -q "^FAILED completes" out.txt || { bad "tp segv: headline"; cat out.txt; }
 grep -q "ran as 2 ranks and rank [01] crashed (signal 11" tp-segv.json || { bad "tp segv: the rank and signal not named"; cat out.txt; }
 sleep 1
-pgrep -f "ckverify rank --case" >/dev/null && bad "tp segv: a rank outlived the run"
+alive_marked gate-tp-segv && bad "tp segv: a rank outlived the run"
 "$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 > tp.json
 expect 1 "bench: a plugin that segfaults on ranks" -- "$ck" bench tp.json --impl "$mis:mode=segv" --plans block \
   --repeats 2 --max-repeats 2 --verify-cases 0
@@ -338,11 +338,11 @@ expect 0 "repro of a tp=2 Case" -- "$ck" repro tp.json
 grep -q "^held  collective-ledger: rank 0 issued 4 forward, 4 recompute and 4 backward" out.txt ||
   { bad "tp=2: the recompute's collectives not counted"; cat out.txt; }
 # A rank that hangs: the per-case timeout ends the Case as a finding, and takes every rank with it.
-expect 1 "a plugin that hangs on ranks" -- "$ck" check --impl "$mis:mode=hang" --plan block --only tp=2 --cases 1 -j 2 \
-  --case-timeout 5 --time-budget 15 --json tp-hang.json
+expect 1 "a plugin that hangs on ranks" -- env CKV_TEST_MARK=gate-tp-hang "$ck" check --impl "$mis:mode=hang" \
+  --plan block --only tp=2 --cases 1 -j 2 --case-timeout 5 --time-budget 15 --json tp-hang.json
 grep -q "per-case timeout of 5 s" tp-hang.json || { bad "tp hang: timeout not named"; cat out.txt; }
 sleep 1
-pgrep -f "ckverify rank --case" >/dev/null && bad "tp hang: a rank outlived the run"
+alive_marked gate-tp-hang && bad "tp hang: a rank outlived the run"
 
 # Data-parallel Cases: dp=2 splits each step's micro-batches between two replicas whose reducer averages
 # the gradients; the gathered records are those of one process running every micro-batch, so the fp64

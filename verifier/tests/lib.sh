@@ -9,3 +9,7 @@ expect() {  # expect CODE DESCRIPTION -- command...
   else echo "ok: $what ($((SECONDS - t0)) s)"; fi
 }
 one_line_error() { [ "$(wc -l < err.txt)" = 1 ] || { bad "$1: error is not one line"; cat err.txt; }; }
+# alive_marked NAME: whether a process carrying CKV_TEST_MARK=NAME in its environment is alive (what a
+# command run as `env CKV_TEST_MARK=NAME ...` started, however far down: workers, ranks). pgrep -f on a
+# command line also finds the processes of the tests ctest runs beside this one.
+alive_marked() { grep -lsaF "CKV_TEST_MARK=$1" /proc/[0-9]*/environ 2>/dev/null | grep -q .; }

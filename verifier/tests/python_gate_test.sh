@@ -281,10 +281,10 @@ expect 2 "a strategy that cannot take (blocks, x)" -- "$ck" check --strategy py:
 one_line_error "strategy signature"
 # bench on ranks: a row that fails on one rank only (its peers waiting in its collectives) ends the bench
 # at once as a finding naming the rank and the error, or the signal; no rank is left behind.
-"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 steps=2 > bench-tp.json
+"$ck" case layers=2 d=8 heads=2 drop=0.3 plan=block tp=2 steps=2 > pg-bench-tp.json
 for how in raise abort; do
   start=$(date +%s)
-  expect 1 "bench: an implementation that does $how on rank 1 only" -- timeout 120 "$ck" bench bench-tp.json \
+  expect 1 "bench: an implementation that does $how on rank 1 only" -- timeout 120 "$ck" bench pg-bench-tp.json \
     --impl py:ckverify_test_impls:fails_on_rank:how=$how --plans block --repeats 2 --max-repeats 2 --verify-cases 0
   [ $(( $(date +%s) - start )) -le 60 ] || bad "bench $how on one rank took $(( $(date +%s) - start )) s"
   want="^FAIL: rank 1: plan block: .*raised on rank 1 only"
@@ -292,7 +292,7 @@ for how in raise abort; do
   grep -q "$want" out.txt || { bad "bench $how on one rank: not named"; cat out.txt err.txt; }
 done
 sleep 1
-pgrep -f "ckverify bench bench-tp.json" >/dev/null && bad "bench on ranks: a rank outlived the run"
+pgrep -f "ckverify bench pg-bench-tp.json" >/dev/null && bad "bench on ranks: a rank outlived the run"
 
 echo "python_gate_test: $fails failure(s)"
 exit $((fails > 0))
