@@ -240,12 +240,28 @@ grep -q "^skipped bf16" out.txt ||  # LibTorch 1.13 cannot run a tied head in bf
   awk '$1=="bf16" && $2=="block" && $3=="head" {found=1; if ($6 != $8) bad=1} END {exit !(found && !bad)}' out.txt ||
   { bad "tied head drift is not its design floor"; cat out.txt; }
 expect 1 "audit-amp reports a failing recompute (no-autocast-replay)" -- "$ck" audit-amp amp.json --impl no-autocast-replay
-expect 0 "audit-amp over generated cases" -- "$ck" audit-amp --cases 3 --seed 2
+expect 0 "audit-amp over generated cases" -- "$ck" audit-amp --cases 4 --seed 4 --json amp_gen.json
+# Cases of different depths: one row per precision, plan and group, each naming the case it is worst in;
+# a design floor missing in several cases is one line saying in how many.
+python3 - <<'PY' || { bad "audit-amp over generated cases: rows or notes"; cat out.txt; }
+import collections, json
+j = json.load(open("amp_gen.json"))
+keys = collections.Counter((r["precision"], r["checkpointed"], r["group"]) for r in j["rows"])
+assert keys and max(keys.values()) == 1, keys
+assert all(r["case"].startswith("layers=") for r in j["rows"])
+assert len({r["case"].split()[0] for r in j["rows"]}) > 1  # the Cases differ in depth
+notes = j["design_notes"]
+assert notes and len(notes) == len(set(notes)) and all(" of 4 cases; first: layers=" in n for n in notes), notes
+PY
+[ "$(grep -c "no design floor" out.txt)" = "$(python3 -c 'import json; print(len(json.load(open("amp_gen.json"))["design_notes"]))')" ] ||
+  { bad "audit-amp design notes on the console"; cat out.txt; }
 # (LibTorch 1.13's CPU autocast covers too few ops for the drift to show: there the gate's
 # autocast-replay is what catches it.)
 if "$ck" check --cases 1 --only prec=fp16 >/dev/null 2>&1; then
   expect 1 "audit-amp's default Cases catch a reentrant recompute with autocast off" -- \
     "$ck" audit-amp --impl reentrant-no-autocast
+  grep -Eq "^worst checkpointed row: (bf16|fp16) .* \(drift/allowed (inf|[0-9.e+]+)\), from case: layers=" out.txt ||
+    { bad "audit-amp names the worst row's case"; cat out.txt; }
 else
   echo "not on this LibTorch (no CPU fp16 autocast, so 1.x): audit-amp's default Cases on reentrant-no-autocast"
 fi
