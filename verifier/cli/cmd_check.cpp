@@ -156,15 +156,18 @@ int run_check(const CheckArgs& a) {
   // (one line, exit 2), not after its header.
   if (!o.gen.only.empty()) (void)generate(gen_case(o.gen), seed, 0).value();
 
-  std::cout << "ckverify check: " << (o.gen.strategy ? "strategy=" + strategy : "impl=" + impl_name) << " plan="
-            << (o.gen.strategy      ? "strategy's"
-                : plan_text.empty() ? "any"
-                                    : plan_text)
-            << (o.gen.only.empty() ? "" : " only=\"" + o.gen.only + "\"")
-            << (skip.properties.empty() ? "" : " skip=" + fmt::format("{}", fmt::join(skip.properties, ",")))
-            << " cases=" << cases << " seed=" << seed << " device=" << device
-            << (g.shard_count > 1 ? fmt::format(" shard={}/{}", g.shard_index + 1, g.shard_count) : "")
-            << " workers=" << g.jobs << std::endl;
+  // The header, once the implementation has loaded: a spec that cannot load gets only its error line.
+  o.started = [&] {
+    std::cout << "ckverify check: " << (o.gen.strategy ? "strategy=" + strategy : "impl=" + impl_name) << " plan="
+              << (o.gen.strategy      ? "strategy's"
+                  : plan_text.empty() ? "any"
+                                      : plan_text)
+              << (o.gen.only.empty() ? "" : " only=\"" + o.gen.only + "\"")
+              << (skip.properties.empty() ? "" : " skip=" + fmt::format("{}", fmt::join(skip.properties, ",")))
+              << " cases=" << cases << " seed=" << seed << " device=" << device
+              << (g.shard_count > 1 ? fmt::format(" shard={}/{}", g.shard_index + 1, g.shard_count) : "")
+              << " workers=" << g.jobs << std::endl;
+  };
   const SearchResult s = search(o);
 
   report::Report r;

@@ -112,6 +112,8 @@ SearchResult search(const SearchOptions& o) {
   const rc::Gen<Case> gen = gen_case(o.gen);
   std::unique_ptr<WorkerPool> pool;
   if (o.jobs > 0) pool = std::make_unique<WorkerPool>(WorkerOptions{o.jobs, o.threads, o.case_timeout_s, o.gen.impl});
+  if (pool) pool->start_first(deadline);
+  if (o.started) o.started();
   auto evaluate = [&](const std::vector<Case>& cs) {
     if (pool) return pool->run(cs, deadline);
     std::vector<std::optional<std::vector<Finding>>> r;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -45,6 +46,9 @@ struct SearchOptions {
   // (FoundFailure::history). Not for ckverify's own implementations (the builtin and the faults make a
   // fresh implementation per Case); `faults` turns it off: a kill is a kill either way.
   bool confirm_fresh = true;
+  // Called once the implementation has loaded (in the first worker; with jobs = 0, at once), before any
+  // case runs: where check prints its header, so that a spec that cannot load gets only its one-line error.
+  std::function<void()> started;
 };
 
 // One failing property found by the search, shrunk on its own.

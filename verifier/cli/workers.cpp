@@ -244,6 +244,10 @@ WorkerPool::WorkerPool(WorkerOptions o) : o_(std::move(o)), oom_at_start_(oom_ki
   live_pools().push_back(this);
 }
 
+void WorkerPool::start_first(Clock::time_point deadline) {
+  if (!workers_.empty() && workers_.front()->pid < 0) start(*workers_.front(), deadline);
+}
+
 WorkerPool::~WorkerPool() {
   for (auto& w : workers_) stop(*w);
   relay_.finish();

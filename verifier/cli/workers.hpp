@@ -52,6 +52,9 @@ class WorkerPool {
   // Throws EnvironmentError (a Case cannot run on this machine), UsageError (the implementation cannot
   // be loaded) and std::runtime_error (the baseline failed: a ckverify bug).
   std::vector<std::optional<std::vector<Finding>>> run(const std::vector<Case>& cases, Clock::time_point deadline);
+  // Starts the first worker, which loads the implementation (throws as run() does when it cannot), so that
+  // a spec that does not load is said before anything else; the others start as run() needs them.
+  void start_first(Clock::time_point deadline);
   // The Cases that the worker which ran case k of the last run() had run before it, since it started
   // (oldest first): what an implementation keeping state across calls saw before case k.
   std::vector<Case> history_before(size_t k) const;

@@ -54,6 +54,7 @@ grep -q "^FAILED rng-replay" out.txt || bad "repro of preserve_rng_state=false"
 expect 2 "a module that does not exist" -- "$ck" check --impl py:no_such_module:fn --cases 1
 grep -q "cannot import Python module no_such_module" err.txt || { bad "import message"; cat err.txt; }
 one_line_error "missing module"
+[ ! -s out.txt ] || { bad "a module that does not exist: output before the error"; cat out.txt; }
 expect 2 "a callable that does not exist" -- "$ck" check --impl py:torch.utils.checkpoint:nothing_here --cases 1
 one_line_error "missing callable"
 expect 2 "a spec without a callable" -- "$ck" check --impl py:torch --cases 1
