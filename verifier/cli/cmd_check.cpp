@@ -260,8 +260,16 @@ int run_check(const CheckArgs& a) {
     }
     r.exit_code = kExitFailed;
     std::cout << "\n";
-    const int code = emit(r, out);
-    if (!write_error.empty()) std::cerr << "ckverify: " << write_error << " (the case is printed above)" << std::endl;
+    // A repro file that cannot be written is exit 2, as a report file is (emit): the verdict is on the
+    // console above, the file the run was asked for is not.
+    int code = kExitFailed;
+    try {
+      code = emit(r, out);
+    } catch (const UsageError& e) {
+      if (write_error.empty()) throw;
+      write_error += std::string("; ") + e.what();
+    }
+    if (!write_error.empty()) throw UsageError(write_error + " (the case is printed above)");
     return code;
   }
   // A shard judges its share of --min-cases; merge judges the whole.

@@ -37,6 +37,17 @@ c = json.load(open('hang-repro.json'))
 big = {k: c[k] for k in ('layers', 'batch', 'seq', 'steps', 'micro', 'd') if c.get(k, 1) > (4 if k == 'd' else 1)}
 sys.exit('not shrunk to the smallest Case: %s' % big if big else 0)" || bad "hang: shrinking"
 [ $(( $(date +%s) - start )) -le 60 ] || bad "a hanging plugin held ckverify for $(( $(date +%s) - start )) s"
+# A repro file that cannot be written at the end (its directory removed mid-run) is exit 2, as a report
+# file is, after the verdict on the console.
+mkdir -p gone
+"$ck" check --impl "$mis:mode=hang" --plan block --cases 3 -j 1 --case-timeout 2 --time-budget 8 \
+  --repro-file gone/r.json >out.txt 2>err.txt &
+pid=$!
+for k in $(seq 300); do grep -q "^ckverify check:" out.txt && break; sleep 0.1; done
+rm -rf gone; wait $pid; rc=$?
+[ $rc = 2 ] && grep -q "^FAILED completes" out.txt && grep -q "gone/r.json" err.txt ||
+  { bad "an unwritable repro file at the end: exit $rc, not 2 after the verdict"; cat out.txt err.txt; }
+one_line_error "an unwritable repro file at the end"
 
 # train, bench and audit-amp run the implementation in a supervised child (supervise.hpp): each way of
 # dying is a finding that names the plugin, a hang ends at --stall-timeout, SIGTERM leaves nothing
