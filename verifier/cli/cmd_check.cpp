@@ -23,7 +23,8 @@ CLI::App* add_check(CLI::App& app, CheckArgs& a) {
       ->add_option("--impl", a.impl,
                    "Implementation under test: builtin, a fault name (see `ckverify list`), a C++ plugin "
                    "PATH.so[:key=value,...] or a Python function py:MODULE:CALLABLE[:key=value,...]")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&a](const std::string&) { a.impl_given = true; });
   check->add_option("--plan", a.plan,
                     std::string("Checkpoint plan for every case (") + kPlanSpellings + "); default: generated");
   check->add_option("--cases", a.cases, "Number of generated cases")->capture_default_str();
@@ -107,8 +108,7 @@ int run_check(const CheckArgs& a) {
   o.max_findings = max_findings;
   o.skipped = skip.properties;
   if (!strategy.empty()) {
-    if (impl_name != "builtin")
-      throw UsageError("--strategy and --impl are exclusive: a strategy chooses its checkpoint");
+    if (a.impl_given) throw UsageError("--strategy and --impl are exclusive: a strategy chooses its checkpoint");
     if (!plan_text.empty())
       throw UsageError("--strategy and --plan are exclusive: the strategy decides what to checkpoint");
     impl_name = strategy_spec(strategy);

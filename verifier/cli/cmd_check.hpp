@@ -18,6 +18,7 @@ namespace ckv::cli {
 
 struct CheckArgs {
   std::string impl = "builtin", plan, seed_text = "1", device = "cpu", shard, strategy;
+  bool impl_given = false;  // --impl on the command line (even as builtin: exclusive with --strategy)
   int cases = 2000, jobs = machine_cores(), min_cases = 0, max_findings = 1;
   double budget = 180, case_timeout = 120;
   Outputs outputs;

@@ -277,6 +277,8 @@ grep -q "FAILED recompute-count |" lab-report/report.md || bad "bench report: th
 python3 -c "import json; r=json.load(open('lab-bench.json')); v={p['plan']: p.get('verified') for p in r['plans']}; assert v['lab:run_with_selective_checkpointing:checkpoint_every_n=2'].startswith('held'), v" \
   || bad "bench json: verified"
 expect 2 "--strategy with --plan" -- "$ck" check --strategy py:lab:run_with_checkpointing --plan block --cases 1
+expect 2 "--strategy with --impl builtin" -- "$ck" check --strategy py:lab:run_with_checkpointing --impl builtin --cases 1
+grep -q "exclusive" err.txt || { bad "--strategy with --impl builtin: message"; cat err.txt; }
 one_line_error "strategy with plan"
 expect 2 "a strategy that cannot take (blocks, x)" -- "$ck" check --strategy py:ckverify_test_impls:one_argument --cases 1
 one_line_error "strategy signature"
