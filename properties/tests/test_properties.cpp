@@ -225,6 +225,8 @@ const FaultDemo kDemos[] = {
     {"frozen-input-shortcut", "input=frozen", "input=trainable"},
     {"trains-frozen", "freeze=alt", "freeze=none"},
     {"first-output-only", "segio=multi", "segio=single"},
+    // Each segment's layer range travels as non-tensor arguments under segio=multi only.
+    {"late-bound-args", "segio=multi", "segio=single"},
     {"reentrant-hooks", "hook=scale", "hook=none"},
     {"nograd-forward-cache", "tie=head plan=block prec=bf16", "tie=none plan=block prec=bf16"},
     {"leaf-input-recompute", "gp=0.1 pos=post attn=bidir plan=every2 layers=4",

@@ -254,7 +254,7 @@ std::vector<double> pack(const std::vector<SegmentCallRecord>& calls) {
 void unpack(const std::vector<double>& v, std::vector<SegmentCallRecord>& out) {
   for (size_t i = 0; i + 4 < v.size(); i += 5)
     out.push_back({static_cast<int>(v[i]), static_cast<int>(v[i + 1]), static_cast<int>(v[i + 2]),
-                   static_cast<int>(v[i + 3]), v[i + 4] != 0.0});
+                   static_cast<int>(v[i + 3]), v[i + 4] != 0.0, std::string()});  // (no arguments)
 }
 
 // Every replica's records of one kind side by side, step by step (each replica's in its own order

@@ -38,6 +38,9 @@ struct SegmentCallRecord {
   int step = 0, micro = 0, segment = 0;
   int phase = 0;  // 0: the forward; k >= 1: during backward pass k of that micro-batch
   bool grad_enabled = false;
+  // The non-tensor arguments it received, as "arg 2 = 0, arg 3 = 2" (numbers as values, so an int that
+  // came back as a whole double reads the same): a recompute must receive its forward's.
+  std::string scalars;
 };
 
 // The side-effect ledger after a step: everything the side-effecting modules and the random stream

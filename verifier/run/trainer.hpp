@@ -620,12 +620,29 @@ class Trainer {
     return rec;
   }
 
+  // The non-tensor arguments of a segment call, for SegmentCallRecord::scalars.
+  static std::string describe_scalars(const std::vector<c10::IValue>& args) {
+    std::string out;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& a = args[i];
+      if (a.isTensor()) continue;
+      std::string v = a.isNone()     ? "None"
+                      : a.isBool()   ? (a.toBool() ? "true" : "false")
+                      : a.isInt()    ? std::to_string(a.toInt())
+                      : a.isDouble() ? fmt::format("{}", a.toDouble())
+                                     : std::string("a ") + a.tagKind();
+      out += fmt::format("{}arg {} = {}", out.empty() ? "" : ", ", i, v);
+    }
+    return out;
+  }
+
   // The segment function of segment s in micro-batch m: the functions the implementation receives.
   SegmentFunction segment_fn(size_t s, int m) {
     const Segment& seg = o_.segments[s];
     const int step = step_;
     return [this, s, m, step, &seg](const std::vector<c10::IValue>& args) -> std::vector<torch::Tensor> {
-      segment_calls_.push_back({step, m, static_cast<int>(s), phase_, torch::GradMode::is_enabled()});
+      segment_calls_.push_back(
+          {step, m, static_cast<int>(s), phase_, torch::GradMode::is_enabled(), describe_scalars(args)});
       // Under a strategy the run stage sees a block's input only when the block runs (the in-place
       // experiment changes it).
       // (Only the target's, and only in the in-place modes: holding every block's input would keep

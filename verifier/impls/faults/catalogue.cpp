@@ -26,7 +26,7 @@ const std::vector<ImplEntry>& catalogue() {
       tracker_left_advanced(),   tracker_same_seed(),
       replicated_from_stream(),  reentrant_two_pass(),
       resume_no_tracker(),       reentrant_nested_backward(),
-      grads_by_hand(),
+      grads_by_hand(),           late_bound_args(),
   };
   return v;
 }

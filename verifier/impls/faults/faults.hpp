@@ -35,6 +35,7 @@ ImplEntry trains_frozen();          // turns on requires_grad of every declared 
 ImplEntry frozen_input_shortcut();  // no tensor input requires grad: runs fn without a graph
 ImplEntry first_output_only();      // only the first output keeps its graph
 ImplEntry static_shape_pad();       // pads every call to the segment's longest sequence
+ImplEntry late_bound_args();        // recomputes with the latest forward's non-tensor arguments
 // Resume faults (resume_savers.cpp): the builtin checkpoint with a training-state saver that forgets
 ImplEntry resume_no_rng();            // the generator states
 ImplEntry resume_rng_before();        // the generators as they were after the step (saves them before it)
