@@ -49,8 +49,9 @@ std::vector<Finding> judge_all(const Observations& o);
 std::vector<Finding> check_case(const Case& c, CheckpointImpl& impl);
 
 // Causes first: the property that should head a finding shrunk for `shrunk_for` whose Case failed
-// `findings` (in registry order): the first failed property before it that is not in `set_aside`
-// (skipped, or a finding already), else `shrunk_for` itself.
+// `findings` (in registry order): recompute-count where it failed (a segment run the wrong number of times
+// or with other arguments explains every other symptom), else the first failed property before it, each
+// only when not in `set_aside` (skipped, or a finding already), else `shrunk_for` itself.
 std::string cause_first(const std::vector<Finding>& findings, const std::string& shrunk_for,
                         const std::set<std::string>& set_aside);
 

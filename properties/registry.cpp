@@ -75,6 +75,11 @@ std::vector<Finding> judge_all(const Observations& o) {
 
 std::string cause_first(const std::vector<Finding>& findings, const std::string& shrunk_for,
                         const std::set<std::string>& set_aside) {
+  // A segment run or recomputed the wrong number of times, or with the wrong arguments, explains what the
+  // other properties see (a mask paired with another call, memory kept, an effect twice): it heads.
+  const std::string counts = "recompute-count";
+  for (const auto& f : findings)
+    if (f.property == counts && f.failed() && shrunk_for != counts && !set_aside.count(counts)) return counts;
   for (const auto& f : findings) {
     if (f.property == shrunk_for) break;
     if (f.failed() && !set_aside.count(f.property)) return f.property;

@@ -151,7 +151,14 @@ TEST(Blame, AnEarlierFailureOnTheShrunkCaseHeadsTheFinding) {
   EXPECT_EQ(cause_first(fs, "grad-baseline", {}), "recompute-count");
   EXPECT_EQ(cause_first(fs, "memory-saved", {"recompute-count"}), "memory-saved");
   EXPECT_EQ(cause_first(fs, "recompute-count", {}), "recompute-count");  // nothing before it failed
-  EXPECT_EQ(cause_first(fs, "rng-replay", {}), "rng-replay");
+  // recompute-count heads even a property before it in report order: a segment run twice in the forward
+  // pairs its masks with the wrong recompute, which rng-replay sees first.
+  EXPECT_EQ(cause_first(fs, "rng-replay", {}), "recompute-count");
+  EXPECT_EQ(cause_first(fs, "rng-replay", {"recompute-count"}), "rng-replay");
+  const std::vector<Finding> held = {Finding::fail("rng-replay", 0, "site", "other mask"),
+                                     Finding::pass("recompute-count", ""), Finding::fail("grad-baseline", 0, "w", "d")};
+  EXPECT_EQ(cause_first(held, "grad-baseline", {}), "rng-replay");
+  EXPECT_EQ(cause_first(held, "rng-replay", {}), "rng-replay");  // nothing before it failed
 }
 
 // --only fixes fields on every generated Case, also where the generator chose a field that contradicts

@@ -348,8 +348,8 @@ SearchResult search(const SearchOptions& o) {
         const rc::Shrinkable<Case> end = shrink(batch[k], f, evaluate);
         if (pool && o.confirm_fresh && spec_kind(o.gen.impl) != SpecKind::name) confirm(f, batch[k], fs, history);
         // Causes first: where the Case shrinking ended fails a property that comes earlier in report
-        // order (one the first failing case did not fail: a cache the implementation kept across
-        // calls, a dimension the bigger Case hid it behind), that property heads the finding and the
+        // order, or recompute-count (one the first failing case did not fail: a cache the implementation
+        // kept across calls, a dimension the bigger Case hid it behind), that property heads the finding and the
         // one shrunk for goes under `also`, free to be found again on its own (--max-findings).
         if (const std::string cause = cause_first(f.findings, f.property, excluded);
             o.pinned.empty() && cause != f.property) {
