@@ -58,6 +58,15 @@ std::string self_exe() {
 namespace {
 // The worker's private ends of the channel, moved off fd 0 and fd 3 before any implementation code runs.
 int request_fd = -1, answer_fd = -1;
+// While a Case runs: the start of its answers ("TOKEN SEQ "), for the baseline's progress; the worker's pid
+// (a process the implementation forked never writes).
+std::string progress_prefix;
+pid_t worker_pid = -1;
+void report_baseline(int done, int of, double seconds) {
+  if (progress_prefix.empty() || ::getpid() != worker_pid) return;
+  write_all(answer_fd,
+            progress_prefix + json{{"baseline", {{"done", done}, {"of", of}, {"s", seconds}}}}.dump() + "\n");
+}
 
 // Reads one line from fd (without the newline); false at end of file.
 bool read_line(int fd, std::string& buffer, std::string& line) {
@@ -110,6 +119,7 @@ int worker_main(const std::string& impl, int threads) {
   // Every answer carries the token the parent sent first (before any implementation code ran) and the
   // number of the request it answers; a process the implementation forked never answers.
   const pid_t self = ::getpid();
+  worker_pid = self;
   std::string buffer, token;
   if (!read_line(request_fd, buffer, token)) return 0;
   auto answer = [&](const std::string& seq, const std::string& payload) {
@@ -132,6 +142,8 @@ int worker_main(const std::string& impl, int threads) {
     const size_t space = line.find(' ');
     if (space == std::string::npos) return 3;
     const std::string seq = line.substr(0, space);
+    progress_prefix = token + " " + seq + " ";
+    set_baseline_progress(report_baseline);
     try {
       answer(seq, findings_to_line(run_checks(case_from_json(line.substr(space + 1)))));
     } catch (const EnvironmentError& e) {
@@ -152,6 +164,10 @@ struct WorkerPool::Worker {
   int task = -1;      // index of the Case it runs, -1 when idle
   int last = -1;      // index of the Case it ran last in this run(), -1 if none
   uint64_t seq = 0;   // the number of the request it runs
+  // The progress of its Case's baseline (set_baseline_progress): steps done, of how many, in seconds.
+  bool baseline_started = false;
+  int baseline_done = 0, baseline_of = 0;
+  double baseline_s = 0.0;
   std::shared_ptr<std::vector<Case>> history = std::make_shared<std::vector<Case>>();  // since it started
   Clock::time_point deadline, checked;
 };
@@ -485,6 +501,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
       placed_[next] = {w->history, w->history->size()};
       w->history->push_back(cases[next]);
       w->seq = ++seq_;
+      w->baseline_started = false, w->baseline_done = w->baseline_of = 0, w->baseline_s = 0.0;
       w->deadline = Clock::now() + timeout;
       w->checked = Clock::now();
       ++next;
@@ -536,7 +553,27 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
           died(w);
           continue;
         }
-        if (auto line = take_line(w.buffer)) {
+        std::optional<std::string> line;
+        bool forged_progress = false;
+        // The baseline's progress lines come before the answer.
+        while ((line = take_line(w.buffer))) {
+          const auto j = payload(*line, w.token, w.seq);
+          if (!j || !j->contains("baseline")) break;
+          const json& b = (*j)["baseline"];
+          if (j->size() != 1 || !b.is_object() || !b.value("done", json()).is_number_integer() ||
+              !b.value("of", json()).is_number_integer() || !b.value("s", json()).is_number()) {
+            forged_progress = true;
+            break;
+          }
+          w.baseline_started = true;
+          w.baseline_done = b["done"].get<int>(), w.baseline_of = b["of"].get<int>();
+          w.baseline_s = b["s"].get<double>();
+        }
+        if (forged_progress) {
+          lost(w, forged(*line));
+          continue;
+        }
+        if (line) {
           const auto j = payload(*line, w.token, w.seq);
           if (!j || !w.buffer.empty()) {
             lost(w, forged(j ? w.buffer : *line));
@@ -564,9 +601,32 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
         }
       }
       if (Clock::now() >= w.deadline) {
-        lost(w, fmt::format("did not finish within the per-case timeout of {:g} s (--case-timeout): it hangs, or "
-                            "is far slower than the baseline",
-                            o_.case_timeout_s));
+        // Once the runs are set up, blamed on the implementation only where the timeout is kSlowFactor times
+        // what the Case's baseline (which never runs it) takes here; otherwise the Case is too slow for the
+        // timeout on this machine. Before that (the implementation made for the Case, the trainers set up)
+        // and on ranks, which report no progress, it is the implementation's, as a hang.
+        const Case& c = cases[static_cast<size_t>(w.task)];
+        const double estimate =
+            w.baseline_done > 0 ? w.baseline_s / w.baseline_done * std::max(w.baseline_done, w.baseline_of) : 0.0;
+        if (c.ranks() == 1 && w.baseline_started &&
+            (w.baseline_done == 0 || o_.case_timeout_s < kSlowFactor * estimate))
+          throw EnvironmentError(
+              w.baseline_done == 0
+                  ? fmt::format("the per-case timeout of {:g} s (--case-timeout) is too short for this Case: "
+                                "its run without checkpointing did not finish its first step within it (case {})",
+                                o_.case_timeout_s, sanitize(to_line(c), 300))
+                  : fmt::format("the per-case timeout of {:g} s (--case-timeout) is too short for this Case: "
+                                "its run without checkpointing takes about {:.3g} s, and a hang is told from a "
+                                "slow run only past {:g} times that (case {})",
+                                o_.case_timeout_s, estimate, kSlowFactor, sanitize(to_line(c), 300)));
+        lost(w, c.ranks() > 1 || w.baseline_done == 0
+                    ? fmt::format("did not finish within the per-case timeout of {:g} s (--case-timeout): it "
+                                  "hangs, or is far slower than the baseline",
+                                  o_.case_timeout_s)
+                    : fmt::format("did not finish within the per-case timeout of {:g} s (--case-timeout), over {:g} "
+                                  "times what its run without checkpointing takes ({:.3g} s): it hangs, or is far "
+                                  "slower than the baseline",
+                                  o_.case_timeout_s, kSlowFactor, estimate));
       }
     }
   }

@@ -41,6 +41,10 @@ struct WorkerOptions {
 };
 
 using Clock = std::chrono::steady_clock;
+// A Case that runs past --case-timeout is the implementation's finding only where the timeout is this
+// many times what the Case's run without checkpointing takes here (a verified Case costs a few times
+// that); otherwise the Case is too slow for the timeout on this machine (exit 2).
+inline constexpr double kSlowFactor = 10.0;
 
 class WorkerPool {
  public:

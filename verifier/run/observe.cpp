@@ -225,6 +225,13 @@ void agree_on_rank0(const ParallelRun& par, ThrowExperiment& e) {
 }
 }  // namespace
 
+namespace {
+BaselineProgress baseline_progress = nullptr;
+}  // namespace
+void set_baseline_progress(BaselineProgress f) {
+  baseline_progress = f;
+}
+
 Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par) {
   if ((c.ranks() > 1) != (par != nullptr))
     throw std::logic_error(c.ranks() > 1 ? "observe: a Case with tp or dp > 1 runs as ranks (run_rank_case)"
@@ -244,9 +251,14 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
   const std::exception* test_error = nullptr;
   std::unique_ptr<TracedError> saved;  // the test run's exception, its traceback taken while it is there
   std::optional<MemoryReporting> reporting(std::in_place);  // the two runs' memory (memory-saved)
+  double baseline_s = 0.0;
+  if (baseline_progress) baseline_progress(0, c.steps, 0.0);  // set up: the runs start
   for (int s = 0; s < c.steps && !test_error; ++s) {
     try {
+      const auto start = std::chrono::steady_clock::now();
       o.baseline.steps.push_back(base.step(s));
+      baseline_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (baseline_progress) baseline_progress(s + 1, c.steps, baseline_s);
     } catch (const std::exception& e) {
       const std::string msg = first_line(e.what());
       if (is_out_of_memory(e)) throw EnvironmentError("the baseline run ran out of memory: " + msg);

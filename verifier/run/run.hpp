@@ -282,6 +282,12 @@ std::string describe_effective_plan(const Observations& o);
 // back gathered (the unsharded model's), the reference computed on rank 0 only.
 class ParallelRun;
 Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par = nullptr);
+// Called by observe once both runs are set up (0 steps done) and after each step of the baseline (the run without
+// checkpointing, which never runs the implementation): the steps done, of how many, and the seconds they took. A worker
+// process reports it, so that at the per-case timeout ckverify tells a Case too slow for the timeout from a run under
+// test that hangs (cli/workers.cpp). Null: nothing is called.
+using BaselineProgress = void (*)(int done, int of, double seconds);
+void set_baseline_progress(BaselineProgress f);
 
 // One tensor of step s that grad-reference compares with the reference, with its fp64 value and its
 // fp32 evaluations (none where the step has none, ReferenceRecord).

@@ -163,11 +163,12 @@ TrainingState decode_state(const std::string& bytes, const Case& c) {
     std::string diff;
     for (const auto& [k, v] : b) {
       const auto it = a.find(k);
-      const std::string was = it == a.end() ? k + " unset" : it->second;
+      // A field at its default is left out of a Case line.
+      const std::string was = it == a.end() ? k + " at its default" : it->second;
       if (was != v) diff += (diff.empty() ? "" : ", ") + was + " in the state, " + v + " here";
     }
     for (const auto& [k, v] : a)
-      if (!b.count(k)) diff += (diff.empty() ? "" : ", ") + v + " in the state, unset here";
+      if (!b.count(k)) diff += (diff.empty() ? "" : ", ") + v + " in the state, " + k + " at its default here";
     fail("saved from another model or data: " + sanitize(diff.empty() ? key : diff, 300));
   }
 

@@ -215,6 +215,17 @@ expect 2 "a seed past 2^64" -- "$ck" check --cases 1 --seed 18446744073709551616
 "$ck" case layers=2 d=8 heads=2 drop=0.2 fx=counter,log,bn,cache,noise opt=adam steps=3 micro=2 plan=block seed=9 > otherseed.json
 expect 2 "a state file of another seed" -- "$ck" train otherseed.json --resume state2.ckv
 grep -q "seed=4 in the state, seed=9 here" err.txt || { bad "state key difference not named"; cat err.txt; }
+# A field at its default is not in a Case line: named as such, both ways.
+"$ck" case layers=2 d=8 heads=2 drop=0.2 fx=counter,log,bn,cache,noise steps=3 micro=2 plan=block seed=4 > sgd.json
+expect 2 "a state file of another optimizer" -- "$ck" train sgd.json --resume state2.ckv
+grep -q "opt=adam in the state, opt at its default here" err.txt || { bad "state key default not named"; cat err.txt; }
+
+# A Case too slow for --case-timeout on this machine is not the implementation's hang: exit 2, naming the
+# timeout (its run without checkpointing takes about 1 s here; a hang is told from it past 10 times that).
+"$ck" case layers=2 d=128 heads=4 batch=8 seq=128 steps=16 plan=block seed=1 > slowcase.json
+expect 2 "a Case too slow for its --case-timeout" -- "$ck" repro slowcase.json --case-timeout 1
+grep -q "too short for this Case" err.txt || { bad "slow Case: the timeout not named"; cat out.txt err.txt; }
+one_line_error "slow Case"
 
 # The AMP drift audit: the builtin adds no drift; a reentrant recompute with autocast off does, more than
 # the reference reentrant designs' own drift (the design floor); a recompute from detached leaves (torch's
