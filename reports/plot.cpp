@@ -92,6 +92,20 @@ std::string gnuplot_script(const LinePlot& p, const std::string& data_path, cons
   return s + "\n";
 }
 
+namespace {
+// A PNG that ends with its IEND chunk: gnuplot exits 0 with the image cut short when the disk fills or a
+// file size limit stops its writes.
+bool png_complete(const std::string& path) {
+  static const unsigned char kEnd[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xAE, 0x42, 0x60, 0x82};
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in || in.tellg() < 20) return false;
+  in.seekg(-12, std::ios::end);
+  unsigned char tail[12] = {};
+  in.read(reinterpret_cast<char*>(tail), 12);
+  return in.gcount() == 12 && std::memcmp(tail, kEnd, 12) == 0;
+}
+}  // namespace
+
 void write_png(const LinePlot& p, const std::string& png_path) {
   namespace fs = std::filesystem;
   for (const Series& s : p.series)
@@ -112,8 +126,17 @@ void write_png(const LinePlot& p, const std::string& png_path) {
   }
   ::close(fd);
   const std::string data = dir + "/data.txt", script = dir + "/plot.gp";
-  std::ofstream(data) << gnuplot_data(p);
-  std::ofstream(script) << gnuplot_script(p, data, tmp_png);
+  {
+    std::ofstream d(data), g(script);
+    d << gnuplot_data(p);
+    g << gnuplot_script(p, data, tmp_png);
+    d.close(), g.close();
+    if (!d || !g) {
+      ::unlink(tmp_png.c_str());
+      cleanup();
+      throw PlotError("cannot write the plot's data to a temporary directory (" + dir + ")");
+    }
+  }
   std::string prog = "gnuplot", arg = script;
   char* argv[] = {prog.data(), arg.data(), nullptr};
   pid_t pid = 0;
@@ -135,6 +158,8 @@ void write_png(const LinePlot& p, const std::string& png_path) {
     err = "gnuplot failed: " + line.substr(0, 200);
   } else if (std::error_code ec; fs::file_size(tmp_png, ec) == 0 || ec) {
     err = "gnuplot wrote no image";
+  } else if (!png_complete(tmp_png)) {
+    err = "cannot write " + png_path + ": gnuplot's image was cut short (a full disk, or a file size limit)";
   } else if (::chmod(tmp_png.c_str(), 0666 & ~current_umask()) != 0 ||  // mkstemps made it 0600
              std::rename(tmp_png.c_str(), png_path.c_str()) != 0) {
     err = std::string("cannot write ") + png_path + ": " + std::strerror(errno);

@@ -276,6 +276,10 @@ if "$ck" check --cases 1 --only prec=fp16 >/dev/null 2>&1; then
 else
   echo "not on this LibTorch (no CPU fp16 autocast, so 1.x): audit-amp's default Cases on reentrant-no-autocast"
 fi
+# An image cut short (a file size limit stops gnuplot's writes; it still exits 0) is not written: exit 2.
+( ulimit -f 8; exec "$ck" audit-amp amp.json --plot cut.png ) >out.txt 2>err.txt; rc=$?
+[ $rc = 2 ] && [ ! -e cut.png ] && grep -q "cut short" err.txt ||
+  { bad "audit-amp --plot under a file size limit: exit $rc"; ls -l cut.png; cat err.txt; }
 expect 2 "audit-amp plot that is not a .png" -- "$ck" audit-amp amp.json --plot amp.txt
 expect 2 "audit-amp writing over its case file" -- "$ck" audit-amp amp.json --json ./amp.json
 expect 2 "audit-amp --plan none" -- "$ck" audit-amp amp.json --plan none
