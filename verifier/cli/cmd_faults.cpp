@@ -65,7 +65,7 @@ int run_faults(const FaultsArgs& a) {
             << (plugin.empty() ? "" : " via the plugin " + sanitize(plugin, 200)) << "\n\n";
   std::printf("%-24s %-16s %8s %8s  %s\n", "fault", "killed by", "cases", "seconds", "shrunk case");
   json rows = json::array();
-  int survivors = 0;
+  int survivors = 0, ran = 0;
   for (const auto& e : known_impls()) {
     const ImplInfo& info = e.info;
     if (info.killed_by.empty()) continue;
@@ -103,6 +103,7 @@ int run_faults(const FaultsArgs& a) {
     const SearchResult r = search(o);
     const bool killed = !r.property.empty();
     survivors += !killed;
+    ++ran;
     const std::string kills = killed ? std::to_string(r.failing_index + 1) : "-";
     std::printf("%-24s %-16s %8s %8.1f  %s\n", info.name.c_str(), killed ? r.property.c_str() : "SURVIVED",
                 kills.c_str(), r.elapsed_s,
@@ -121,9 +122,11 @@ int run_faults(const FaultsArgs& a) {
                     {"shrunk_case", killed ? to_line(r.failing_case) : ""},
                     {"shrink_cut_short", r.shrink_cut_short}});
   }
+  // A run in which no fault could run (every one NOT RUN here) verified nothing: as check, exit 1.
   std::cout << "\n"
-            << (survivors ? "FAIL: " + std::to_string(survivors) + " fault(s) survived"
-                          : std::string("PASS: every fault that ran was killed by the property that names it"))
+            << (survivors  ? "FAIL: " + std::to_string(survivors) + " fault(s) survived"
+                : ran == 0 ? std::string("FAIL: no fault ran here (each is NOT RUN above): nothing was verified")
+                           : std::string("PASS: every fault that ran was killed by the property that names it"))
             << std::endl;
   if (!json_path.empty())
     write_atomically(json_path, json{{"tool", "ckverify"},
@@ -134,7 +137,7 @@ int run_faults(const FaultsArgs& a) {
                                      {"survivors", survivors}}
                                         .dump(2) +
                                     "\n");
-  return survivors ? kExitFailed : kExitOk;
+  return survivors || ran == 0 ? kExitFailed : kExitOk;
 }
 
 }  // namespace ckv::cli
