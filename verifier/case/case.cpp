@@ -729,6 +729,9 @@ std::string to_json(const Case& c) {
 }
 
 Case case_from_json(const std::string& text) {
+  // The JSON parser ends its input at a NUL byte: what follows one would be ignored unread.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    fail("a NUL byte at offset " + std::to_string(nul) + ": a Case file is JSON text");
   // Bound the nesting before parsing: no Case is nested deeper than an array in an object.
   int depth = 0;
   bool in_string = false, escaped = false;

@@ -81,6 +81,9 @@ printf '{oops' > m.json
 expect 2 "malformed JSON" -- "$ck" repro m.json
 one_line_error "malformed JSON"
 python3 -c "print('['*100000 + ']'*100000)" > deep.json
+printf '{"layers": 2}\0{"layers": 9}' > nul.json  # the parser would stop at the NUL, the rest unread
+expect 2 "a Case file with a NUL byte" -- "$ck" repro nul.json
+grep -q "NUL byte at offset 13" err.txt || { bad "NUL byte: not named"; cat err.txt; }
 expect 2 "deeply nested JSON" -- "$ck" repro deep.json
 expect 2 "a directory as the case file" -- "$ck" repro .
 expect 2 "a case file that does not exist" -- "$ck" repro nowhere.json
