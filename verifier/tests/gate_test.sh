@@ -260,12 +260,12 @@ expect 2 "a directory as the plugin" -- "$ck" check --impl "$plugins/" --cases 1
 
 # `faults --fault` names faults only (the faults table itself runs in faults_test.sh).
 expect 2 "faults --fault that is not a fault" -- "$ck" faults --fault builtin
+one_line_error "faults --fault builtin"
 # A selection in which no fault can run here verified nothing (cpu-rng-only needs CUDA).
 if ! nvidia-smi >/dev/null 2>&1; then
   expect 1 "faults: none of those named can run here" -- "$ck" faults --fault cpu-rng-only
   grep -q "^FAIL: no fault ran here" out.txt || { bad "faults with nothing run: no FAIL line"; cat out.txt; }
 fi
-one_line_error "faults --fault builtin"
 
 # Workers: the same verdict and report whatever their number.
 expect 0 "-j 1" -- "$ck" check --cases 40 -j 1 --json j1.json
