@@ -59,7 +59,8 @@ torch::Tensor all_reduce_recorded(const Group& group, const torch::Tensor& t, Co
 // without). A recompute may repeat forward collectives (Pass::recompute) or save their results; it must
 // never issue a backward collective more often than the plain run does. One line per label whose
 // backward collectives outnumber the plain run's ("dp.3: 4 backward all_reduce, 2 without
-// checkpointing"); empty when the rule holds.
+// checkpointing"); empty when the rule holds. A label the plain run issued none for is a gradient path
+// it does not have (an input made to require grad: more communication, no repeat) and is not counted.
 std::vector<std::string> ledger_violations(const std::vector<CollectiveRecord>& plain,
                                            const std::vector<CollectiveRecord>& test);
 

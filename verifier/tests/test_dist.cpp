@@ -12,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "verifier/dist/collectives.hpp"
 #include "verifier/dist/ranks.hpp"
 #include "verifier/dist/rng_tracker.hpp"
 
@@ -184,6 +185,27 @@ TEST_F(Dist, TheReducersEdgesAreHandledOrRefused) {
       EXPECT_NE(r.describe().find(message), std::string::npos) << mode << ": " << r.describe();
     }
   }
+}
+
+// The ledger rule counts repeats: a backward collective issued more often than without checkpointing,
+// where the run without checkpointing issued it. One it never issued (the stack's input made to require
+// grad, as Hugging Face's enable_input_require_grads does for a reentrant checkpoint) is a gradient path
+// of its own, extra communication and not a recompute's repeat.
+TEST(LedgerRule, CountsRepeatsOfTheBackwardCollectivesThePlainRunIssued) {
+  using ckv::dist::CollectiveRecord, ckv::dist::Pass, ckv::dist::Collective;
+  auto rec = [](Pass pass, const char* where) {
+    return CollectiveRecord{Collective::all_reduce, pass, 64, where, 0.0};
+  };
+  const std::vector<CollectiveRecord> plain = {rec(Pass::forward, "layer0.attn.out"),
+                                               rec(Pass::backward, "layer1.attn.in")};
+  std::vector<CollectiveRecord> test = plain;
+  test.push_back(rec(Pass::recompute, "layer0.attn.out"));  // a recompute repeating a forward collective
+  test.push_back(rec(Pass::backward, "layer0.attn.in"));    // the input made to require grad
+  EXPECT_TRUE(ckv::dist::ledger_violations(plain, test).empty());
+  test.push_back(rec(Pass::backward, "layer1.attn.in"));  // repeated
+  const std::vector<std::string> v = ckv::dist::ledger_violations(plain, test);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0], "layer1.attn.in: 2 backward all_reduce, 1 without checkpointing");
 }
 
 // The tracker's streams saved and set again draw the same numbers; a state of other streams, or one
