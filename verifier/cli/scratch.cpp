@@ -19,6 +19,11 @@ void remove_made() {
 }
 }  // namespace
 
+void remove_implementation_tmpdir() {
+  remove_made();
+  if (::getpid() == maker) made.clear();
+}
+
 const std::string& implementation_tmpdir() {
   static const bool once = [] {
     const char* base = std::getenv("TMPDIR");

@@ -4,7 +4,8 @@
 // with whatever was left in it, when it exits: those processes leave with _exit, so Python's and
 // torch's clean-up never runs (importing torch leaves a directory per process for
 // torch.distributed.nn's remote-module template), and an implementation's own temporary files go too.
-// Not removed when ckverify itself dies of a signal.
+// When ckverify dies of a stop signal (SIGINT, SIGTERM, SIGHUP) that it handles, it removes it first
+// (remove_implementation_tmpdir, once the processes in it are stopped); not after SIGKILL.
 #pragma once
 
 #include <string>
@@ -14,5 +15,7 @@ namespace ckv::cli {
 // The directory, made on first use; empty when it cannot be made (the children then inherit the
 // caller's TMPDIR: a temporary directory is never a reason to refuse a run).
 const std::string& implementation_tmpdir();
+// Removes it now (what exit would do): for a process about to die of a signal, which runs no atexit.
+void remove_implementation_tmpdir();
 
 }  // namespace ckv::cli

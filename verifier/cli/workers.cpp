@@ -278,6 +278,7 @@ void WorkerPool::die_if_stopped() {
     for (auto& w : pool->workers_) pool->stop(*w);
     pool->relay_.finish();
   }
+  remove_implementation_tmpdir();  // the processes in it are gone; dying of the signal runs no atexit
   stop_signals_.die();
 }
 

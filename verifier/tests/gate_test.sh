@@ -218,9 +218,13 @@ sleep 12; kill -CONT $(pgrep -P $pid) $pid
 wait $pid; rc=$?
 [ $rc = 0 ] || { bad "a job stopped for 12 s mid-case: exit $rc, not 0"; cat out.txt err.txt; }
 
-# Workers die with ckverify: a run stopped by SIGTERM (a CI timeout) leaves no worker behind.
-"$ck" check --impl "$mis:mode=hang,at=2" --plan block --cases 2 -j 2 --case-timeout 300 >/dev/null 2>&1 &
+# Workers die with ckverify: a run stopped by SIGTERM (a CI timeout) leaves no worker behind, and no
+# temporary directory of the implementation's.
+rm -rf stoptmp; mkdir stoptmp
+TMPDIR="$PWD/stoptmp" "$ck" check --impl "$mis:mode=hang,at=2" --plan block --cases 2 -j 2 --case-timeout 300 \
+  >/dev/null 2>&1 &
 pid=$!; sleep 8; kill -TERM $pid; wait $pid 2>/dev/null; sleep 2
+[ -z "$(ls -A stoptmp)" ] || { bad "a stopped ckverify left its temporary directory"; ls -lA stoptmp; }
 pgrep -f "worker --impl $mis:mode=hang,at=2" >/dev/null && { bad "workers outlived a killed ckverify"; pkill -9 -f "worker --impl $mis:mode=hang,at=2"; }
 # A relative plugin path is stored absolute: the repro file replays from any directory.
 cp "$mis" mb.so
