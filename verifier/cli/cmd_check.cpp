@@ -123,10 +123,21 @@ int run_check(const CheckArgs& a) {
   o.gen.device = device;
   if (o.gen.strategy) o.gen.plan = Plan{PlanKind::every_block, 0};
   if (!plan_text.empty()) o.gen.plan = parse_plan("--plan", plan_text);
-  check_impl_spec(impl_name);  // unknown names fail here, as usage errors
+  // Unknown names fail here, as usage errors; a strategy's spec is named as the user gave it.
+  auto check_spec = [&](const std::string& spec) {
+    try {
+      check_impl_spec(spec);
+    } catch (const std::invalid_argument& e) {
+      std::string m = e.what();
+      const std::string as_impl = "--impl " + sanitize(spec, 200);
+      if (!o.gen.strategy || m.rfind(as_impl, 0) != 0) throw;
+      throw UsageError("--strategy " + sanitize(strategy, 200) + m.substr(as_impl.size()));
+    }
+  };
+  check_spec(impl_name);
   // A plugin is named by its absolute path in every Case, so a repro file replays from any directory.
   impl_name = absolute_impl_spec(impl_name);
-  check_impl_spec(impl_name);
+  check_spec(impl_name);
   o.gen.impl = impl_name;
   if (o.gen.strategy && !make_impl(impl_name)->is_strategy())
     throw UsageError("--strategy " + sanitize(strategy, 200) +

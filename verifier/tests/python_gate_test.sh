@@ -277,6 +277,9 @@ grep -q "FAILED recompute-count |" lab-report/report.md || bad "bench report: th
 python3 -c "import json; r=json.load(open('lab-bench.json')); v={p['plan']: p.get('verified') for p in r['plans']}; assert v['lab:run_with_selective_checkpointing:checkpoint_every_n=2'].startswith('held'), v" \
   || bad "bench json: verified"
 expect 2 "--strategy with --plan" -- "$ck" check --strategy py:lab:run_with_checkpointing --plan block --cases 1
+expect 2 "a strategy spec with an unclosed bracket" -- "$ck" check --strategy "py:lab:run_with_checkpointing:n=[1,2" --cases 1
+grep -q "^ckverify: --strategy py:lab:run_with_checkpointing:n=\[1,2: an option value has an unclosed" err.txt ||
+  { bad "a strategy spec's error names --strategy as given"; cat err.txt; }
 expect 2 "--strategy with --impl builtin" -- "$ck" check --strategy py:lab:run_with_checkpointing --impl builtin --cases 1
 grep -q "exclusive" err.txt || { bad "--strategy with --impl builtin: message"; cat err.txt; }
 one_line_error "strategy with plan"
