@@ -1,6 +1,7 @@
 // properties/ranks.cpp: check_case_as_ranks (property.hpp), the parent side of a Case with tp or dp > 1;
 // the ranks' side is ckverify's hidden subcommand `rank` (verifier/cli/rank_case.hpp).
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -46,9 +47,15 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
     }
     if (r == 0) findings = line;
   }
-  if (const dist::RankOutcome* f = dist::first_failure(outcomes))
+  if (const dist::RankOutcome* f = dist::first_failure(outcomes)) {
+    if (f->stopped_from_outside())
+      throw EnvironmentError("rank " + std::to_string(f->rank) + " was killed by signal " + std::to_string(f->code) +
+                             " (" + ::strsignal(f->code) +
+                             ") from outside ckverify (a user, a service manager or the kernel's out-of-memory "
+                             "killer); nothing was judged");
     return {Finding::fail("completes", -1, "rank " + std::to_string(f->rank),
                           "the run under test ran as " + std::to_string(c.ranks()) + " ranks and " + f->describe())};
+  }
   if (findings.empty()) throw std::runtime_error("rank 0 ended without an answer (case: " + to_line(c) + ")");
   return findings_from_line(findings);
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -140,6 +141,14 @@ int bench_as_ranks(const BenchArgs& a, const Case& c) {
   if (f == nullptr) {
     relay(0);
     return kExitOk;
+  }
+  if (f->stopped_from_outside()) {
+    std::cerr << "ckverify bench: cannot run here: rank " << f->rank << " was killed by signal " << f->code << " ("
+              << ::strsignal(f->code)
+              << ") from outside ckverify (a user, a service manager or the kernel's out-of-memory killer); nothing "
+                 "was measured"
+              << std::endl;
+    return kExitUsage;
   }
   if (f->status == dist::RankOutcome::Status::failed && f->code == kExitFailed) {
     // Rank 0's verdict (a plan failed or diverged), or a rank's own supervisor's FAIL line (what the

@@ -80,6 +80,10 @@ std::string RankOutcome::describe() const {
   return s;
 }
 
+bool RankOutcome::stopped_from_outside() const {
+  return status == Status::crashed && (code == SIGKILL || code == SIGTERM || code == SIGINT || code == SIGHUP);
+}
+
 const RankOutcome* first_failure(const std::vector<RankOutcome>& outcomes) {
   // The rank that failed or crashed first (a peer that fails because of it, a collective's partner
   // gone, ends later); then one that hung; then one that was stopped.

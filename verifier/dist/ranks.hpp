@@ -24,6 +24,10 @@ struct RankOutcome {
   std::string stderr_tail;       // the last lines it wrote to standard error (bounded)
   int ended = -1;                // the order in which the ranks ended (0 first)
   std::string describe() const;  // one line: "rank 1 crashed (signal 6): ..."
+  // Ended by SIGKILL, SIGTERM, SIGINT or SIGHUP, which run_ranks sends only to ranks it then counts as
+  // timed out or stopped: sent from outside (a user, a service manager, the kernel's out-of-memory
+  // killer), never a crash of the rank's own. Such a run judges nothing.
+  bool stopped_from_outside() const;
 };
 
 // A fresh directory of one launch's own under the system's temporary directory (its store file, the

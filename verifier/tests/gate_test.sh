@@ -342,6 +342,34 @@ expect 1 "bench: a plugin that segfaults on ranks" -- "$ck" bench tp.json --impl
 grep -q "^FAIL: .*mode=segv.*signal 11" out.txt || { bad "bench tp segv: the plugin and signal not named"; cat out.txt err.txt; }
 sleep 1
 pgrep -f "ckverify bench tp.json" >/dev/null && bad "bench tp segv: a rank outlived the run"
+# A rank killed from outside (a user, a service manager, the out-of-memory killer) is the environment's:
+# exit 2, one line, never the implementation's crash. outer_rank MARK WORD: the pid of a rank process (its
+# command line has WORD, its parent's has not) of the command run with CKV_TEST_MARK=MARK.
+outer_rank() {
+  local p
+  for p in $(grep -lsaF "CKV_TEST_MARK=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
+    tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q -- "$2" || continue
+    tr '\0' ' ' < /proc/$(awk '{print $4}' /proc/$p/stat 2>/dev/null)/cmdline 2>/dev/null | grep -q -- "$2" && continue
+    echo $p; return
+  done
+}
+kill_rank_test() {  # kill_rank_test MARK WORD SIGNAL WHAT -- command...
+  local mark="$1" word="$2" sig="$3" what="$4" r="" k pid rc; shift 5
+  env CKV_TEST_MARK=$mark "$@" >out.txt 2>err.txt &
+  pid=$!
+  for k in $(seq 300); do r=$(outer_rank $mark "$word"); [ -n "$r" ] && break; sleep 0.1; done
+  [ -n "$r" ] || bad "$what: no rank process found to kill"
+  sleep 2; [ -n "$r" ] && kill -$sig $r; wait $pid; rc=$?
+  [ $rc = 2 ] || { bad "$what: exit $rc, not 2"; cat out.txt err.txt; }
+  grep -q "rank [01] was killed by signal .* from outside ckverify" err.txt || { bad "$what: not named"; cat err.txt; }
+  grep -q "^FAIL" out.txt && { bad "$what: blamed on the implementation"; cat out.txt; }
+  [ "$(grep -c '^ckverify' err.txt)" = 1 ] || { bad "$what: not one error line"; cat err.txt; }
+  sleep 1; alive_marked $mark && bad "$what: a rank outlived the run"
+}
+kill_rank_test gate-bench-rank-kill "--as-rank" KILL "bench: a rank killed by SIGKILL from outside" -- \
+  "$ck" bench tp.json --impl "$mis:mode=hang" --plans block --repeats 2 --max-repeats 2 --verify-cases 0
+kill_rank_test gate-check-rank-term "rank --case" TERM "check: a rank stopped by SIGTERM from outside" -- \
+  "$ck" check --impl "$mis:mode=hang" --plan block --only tp=2 --cases 1 -j 1 --case-timeout 300
 expect 2 "train refuses a tp=2 Case" -- "$ck" train tp.json
 one_line_error "train of a tp=2 Case"
 grep -q "runs as ranks" err.txt || { bad "train tp=2: the reason"; cat err.txt; }
