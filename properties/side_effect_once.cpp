@@ -69,14 +69,16 @@ Finding judge(const Observations& o) {
   for (size_t s = 0; s < o.test.steps.size(); ++s) {
     const Ledger &t = o.test.steps[s].ledger, &b = o.baseline.steps[s].ledger;
     const int step = static_cast<int>(s);
+    // How the implementation's own language marks a recompute (docs/properties.md, side-effect-once).
+    const std::string mark =
+        c.impl.rfind("py:", 0) == 0
+            ? " (a recompute not marked with ckverify.segment_scope replays the module's effect; torch's "
+              "checkpoint marks it given context_fn=ckverify.recompute_aware_context)"
+            : " (a recompute not marked with ckv::SegmentScope, segment_scope.hpp, replays the module's effect)";
     auto fail = [&](const std::string& where, const std::string& what) {
       const bool module =
           where.find("generators") == std::string::npos && where.find("(baseline)") == std::string::npos;
-      return Finding::fail(kName, step, fmt::format("step {} {}", step, where),
-                           module ? what +
-                                        " (a recompute not marked with ckv::SegmentScope, segment_scope.hpp, replays "
-                                        "the module's effect)"
-                                  : what);
+      return Finding::fail(kName, step, fmt::format("step {} {}", step, where), module ? what + mark : what);
     };
     for (int l = 0; l < c.model.layers; ++l) {
       const size_t li = static_cast<size_t>(l);

@@ -23,6 +23,8 @@ tuc=py:torch.utils.checkpoint:checkpoint
 expect 1 "use_reentrant=false: the default gate" -- "$ck" check --impl $tuc:use_reentrant=false --cases 300 --time-budget 120
 grep -q "^FAILED side-effect-once" out.txt || { bad "use_reentrant=false headline"; cat out.txt; }
 grep -q "bn.running_mean" out.txt || bad "the BatchNorm statistics are not named"
+grep -q "context_fn=ckverify.recompute_aware_context" out.txt && ! grep -q "SegmentScope" out.txt ||
+  { bad "side-effect-once: not told how Python marks a recompute"; cat out.txt; }
 # Without tensor parallelism (tp=1): called plainly, torch.utils.checkpoint replays the default generators
 # only, not the model-parallel stream of a tp Case (below).
 expect 0 "use_reentrant=false without side-effecting modules" -- "$ck" check --impl $tuc:use_reentrant=false --only fx=none \
