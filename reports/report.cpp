@@ -415,8 +415,19 @@ Report from_json(const std::string& text) {
       x.case_line = f.at("case_line").get<std::string>();
       x.case_json = f.at("case").dump(2) + "\n";
       x.repro = f.at("repro").get<std::string>();
+      // What check writes: "ckverify repro FILE ..." (after PYTHONPATH=... for a Python implementation); a
+      // report whose repro is anything else was not written by ckverify.
+      if (!x.repro.empty() && x.repro.find("ckverify repro ") == std::string::npos)
+        throw std::invalid_argument(
+            fmt::format("a failure's \"repro\" is not a ckverify repro command: \"{}\"", printable(x.repro, 60)));
       x.seed = f.at("seed").get<uint64_t>();
-      x.passing_before = f.value("case_index", -1);
+      if (f.contains("case_index")) {
+        const json& n = f.at("case_index");
+        if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > kMaxCases)
+          throw std::invalid_argument(
+              fmt::format("a failure's \"case_index\" is not an integer in [0, {}]", kMaxCases));
+        x.passing_before = n.get<int>();
+      }
       for (const auto& a : f.at("also"))
         x.also.push_back(
             {a.at("property").get<std::string>(), a.at("where").get<std::string>(), a.value("detail", "")});

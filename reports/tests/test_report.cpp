@@ -460,6 +460,32 @@ TEST(Report, ReadingRefusesCountsNoCheckRunHas) {
   EXPECT_EQ(message({huge}), "shard 1/2000000000 is not K/N with 1 <= K <= N <= 10000");
 }
 
+// A failure's case index and repro command are checked as they are read: a tampered one never reaches a
+// merged report (a case index of 1e20 once printed as -2147483648).
+TEST(Report, ReadingRefusesAFailureCheckNeverWrites) {
+  using nlohmann::json;
+  const json good = json::parse(to_json(shard(1, 1, {{0, "HF"}}, 0)));
+  auto refusal = [&](const char* key, const json& value) {
+    json j = good;
+    j["failure"][key] = value;
+    try {
+      from_json(j.dump());
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("read");
+  };
+  const std::string index = "a failure's \"case_index\" is not an integer in [0, 1000000000]";
+  EXPECT_EQ(refusal("case_index", 1e20), index);
+  EXPECT_EQ(refusal("case_index", 2.5), index);
+  EXPECT_EQ(refusal("case_index", -3), index);
+  EXPECT_EQ(refusal("case_index", "0"), index);
+  EXPECT_EQ(refusal("case_index", 4), "read");
+  EXPECT_EQ(refusal("repro", "rm -rf ~"), "a failure's \"repro\" is not a ckverify repro command: \"rm -rf ~\"");
+  EXPECT_EQ(refusal("repro", "PYTHONPATH='/x' ckverify repro 'r.json'"), "read");
+  EXPECT_EQ(refusal("repro", ""), "read");  // no file was written for it
+}
+
 TEST(Report, ReadingRefusesMalformedAndDeepInputInOneLine) {
   for (const std::string& text :
        {std::string("{\"tool\": \"ckverify\""), std::string("[1, 2]"), std::string("{}"),

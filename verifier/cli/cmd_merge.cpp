@@ -33,6 +33,23 @@ int run_merge(const MergeArgs& a) {
     } catch (const std::invalid_argument& e) {
       throw UsageError(sanitize(in, 200) + ": " + e.what());
     }
+    // Each failure's Case is one this ckverify reads, and its case line is that Case's (what the
+    // merged report prints and a user replays).
+    std::vector<const report::Failure*> failures;
+    if (shards.back().failure) failures.push_back(&*shards.back().failure);
+    for (const report::Failure& f : shards.back().further) failures.push_back(&f);
+    for (const report::Failure* f : failures) {
+      Case c;
+      try {
+        c = case_from_json(f->case_json);
+      } catch (const std::exception& e) {
+        throw UsageError(sanitize(in, 200) + ": the " + sanitize(f->property, 60) +
+                         " failure's \"case\" is not a Case: " + sanitize(e.what(), 200));
+      }
+      if (to_line(c) != f->case_line)
+        throw UsageError(sanitize(in, 200) + ": the " + sanitize(f->property, 60) +
+                         " failure's \"case_line\" is not the line of its \"case\"");
+    }
   }
   report::Report r;
   try {

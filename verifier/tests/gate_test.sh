@@ -298,6 +298,16 @@ for k in ("property", "case_line", "case_index"):
 assert m["cases_run"] == u["cases_run"], (m["cases_run"], u["cases_run"])
 assert [p["cases_held"] for p in m["properties"]] == [p["cases_held"] for p in u["properties"]]
 PY
+# A shard whose failure was edited (its Case, its case line, its case index, its repro) is refused, naming the file.
+for edit in "f['case']['layers']=0" "f['case_line']=f['case_line'].replace('seed=','seed=1')" "f['case_index']=1e20" \
+  "f['repro']='rm -rf ~'"; do
+  for k in 1 2 3; do
+    python3 -c "import json,sys; r=json.load(open('fs$k.json')); f=r.get('failure'); exec(sys.argv[1]) if f else None; json.dump(r,open('ft$k.json','w'))" "$edit"
+  done
+  expect 2 "merge of a shard whose failure was edited: $edit" -- "$ck" merge ft1.json ft2.json ft3.json
+  one_line_error "merge of an edited failure: $edit"
+  grep -q "^ckverify: ft[123].json: .*\(case\|repro\)" err.txt || { bad "merge: the edited file not named: $edit"; cat err.txt; }
+done
 expect 2 "merge with a shard missing" -- "$ck" merge s1.json s2.json
 grep -q "shard 3/3 is missing" err.txt || { bad "missing shard message"; cat err.txt; }
 expect 2 "merge with a shard twice" -- "$ck" merge s1.json s1.json s2.json s3.json
