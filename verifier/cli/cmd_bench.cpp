@@ -340,6 +340,9 @@ int run_bench(const BenchArgs& a) {
     if (created) ::rmdir(a.out_dir.path.c_str());
     throw;
   }
+  // Made again when the report is written: a run stopped before then (a signal, a failure) leaves no
+  // empty directory behind.
+  if (created) ::rmdir(a.out_dir.path.c_str());
 
   // A Case with tp or dp > 1 runs as its ranks (the same command with --as-rank), each with its share of
   // the cores.
@@ -442,6 +445,10 @@ int run_bench(const BenchArgs& a) {
                                                                           : "checkpoint drift exceeds its allowance");
   if (!a.json.empty()) write_atomically(a.json, bench_json(r, impl_text, a.device, threads).dump(2) + "\n");
   if (!a.out_dir.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(a.out_dir.path) && !std::filesystem::create_directory(a.out_dir.path, ec))
+      throw EnvironmentError("--out: cannot create " + sanitize(a.out_dir.given) + ": " +
+                             (ec ? ec.message() : std::string("it exists and is not a directory")));
     write_bench_report(a.out_dir, r, amp ? &*amp : nullptr, impl_text, a.device, threads, a.command);
     std::cout << "report: " << a.out_dir.given << "/report.md\n";
   }

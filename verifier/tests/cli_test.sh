@@ -342,6 +342,14 @@ expect 2 "bench: --out is a file" -- "$ck" bench bench.json --out bench.json
 expect 2 "bench: a plan invalid for the Case" -- "$ck" bench bench.json --plans seg9
 [ -e rep2 ] && bad "a refused bench left a directory"
 expect 2 "bench: --out in a missing directory" -- "$ck" bench bench.json --out nodir/rep2
+# A bench stopped before its report (Ctrl-C) leaves no empty --out directory behind.
+"$ck" case layers=8 d=96 heads=4 seq=96 batch=4 steps=20 plan=block > slowbench.json
+"$ck" bench slowbench.json --out intrep >/dev/null 2>&1 &
+pid=$!; sleep 3
+kill -INT $pid || bad "bench --out: ended before it could be interrupted"
+wait $pid; rc=$?
+[ $rc = 130 ] || bad "an interrupted bench: exit $rc, not 130"
+[ -e intrep ] && { bad "an interrupted bench --out left its directory"; ls -la intrep; }
 grep -q "^fp32 .* layer0 .* 1.000e+00" out.txt && bad "frozen parameters counted as errors against fp64"
 
 # Files named relative to where ckverify was started are resolved as the command line is parsed: an
