@@ -38,12 +38,12 @@ Finding judge(const Observations& o) {
     if (r.phase == 0) forward_scalars.try_emplace({r.step, r.micro, r.segment}, r.scalars);
   }
   // (On ranks the records gathered from the other ranks carry no arguments: not compared there.)
-  for (const auto& r : o.test.segment_calls) {
-    if (o.c.ranks() > 1) break;
-    const auto it = forward_scalars.find({r.step, r.micro, r.segment});
-    if (r.phase > 0 && it != forward_scalars.end() && r.scalars != it->second)
-      other_scalars.try_emplace({r.step, r.micro, r.segment}, &r);
-  }
+  if (o.c.ranks() == 1)
+    for (const auto& r : o.test.segment_calls) {
+      const auto it = forward_scalars.find({r.step, r.micro, r.segment});
+      if (r.phase > 0 && it != forward_scalars.end() && r.scalars != it->second)
+        other_scalars.try_emplace({r.step, r.micro, r.segment}, &r);
+    }
   for (int step = 0; step < o.c.steps; ++step)
     for (int m = 0; m < o.c.micro; ++m)
       for (size_t s = 0; s < o.segments.size(); ++s) {
