@@ -174,7 +174,7 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   std::string buffer;
   int fd = fds[0];
   int status = 0;
-  Clock::time_point reported_at{}, forwarded_at{};
+  Clock::time_point reported_at{};
   // Reads what is on the report pipe and takes in every whole line; false at its end (or an error).
   auto read_report = [&]() {
     char chunk[4096];
@@ -214,10 +214,13 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     const pid_t w = ::waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
     if (forwarded_signal && !forwarded) {
+      // The command ends at once, as check's workers do: SIGKILL, not the signal itself, which an
+      // implementation may catch (Python turns SIGINT into a KeyboardInterrupt that the command would
+      // report as the run's failure, or that code between steps swallows while the run goes on).
       forwarded = forwarded_signal;
-      forwarded_at = Clock::now();
-      ::kill(-pid, forwarded);
-      ::kill(-pid, SIGCONT);  // a stopped child (it stopped itself, or a debugger) takes the signal too
+      killed_by_us = true;
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
     }
     const auto now = Clock::now();
     // This process itself was stopped (SIGSTOP, a suspended job, a frozen container): the time it did
@@ -232,7 +235,7 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
         std::chrono::duration<double>(now - last_progress).count() > o.stall_timeout_s) {
       stalled = true;
     }
-    if (!killed_by_us && (stalled || lingering || (forwarded && now - forwarded_at > std::chrono::seconds(30)))) {
+    if (!killed_by_us && (stalled || lingering)) {
       killed_by_us = true;
       ::kill(-pid, SIGKILL);
       ::kill(pid, SIGKILL);
@@ -259,8 +262,7 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
   // make it.
   const bool ended_as_reported = reported >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == (reported & 0xff);
   const bool outlived_report = reported >= 0 && killed_by_us && !stalled && !forwarded;
-  // Interrupted (SIGINT, SIGTERM, SIGHUP): 128 + the signal, whatever the child made of it (Python turns
-  // SIGINT into a KeyboardInterrupt in the implementation, which is nobody's finding).
+  // Interrupted (SIGINT, SIGTERM, SIGHUP; the child killed above): 128 + the signal.
   if (forwarded) return 128 + forwarded;
   if (ended_as_reported && forged.empty()) return reported;
   const std::string who =

@@ -74,6 +74,14 @@ export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
 "$ck" train slow.json >out.txt 2>err.txt &
 pid=$!; sleep 5; kill -INT $pid; wait $pid; rc=$?
 [ $rc = 130 ] || { bad "train interrupted with a Python implementation: exit $rc, not 130"; cat out.txt err.txt; }
+grep -q "^FAIL" out.txt && { bad "train interrupted with a Python implementation: a FAIL verdict"; cat out.txt; }
+# So does bench, at once: no round after the signal, no file written.
+"$ck" bench slow.json --impl py:ckverify_test_impls:slow_plain --plans block --repeats 200 --max-repeats 200 \
+  --verify-cases 0 --json int.json >out.txt 2>err.txt &
+pid=$!; sleep 5; kill -INT $pid; t0=$SECONDS; wait $pid; rc=$?
+[ $rc = 130 ] || { bad "bench interrupted with a Python implementation: exit $rc, not 130"; cat out.txt err.txt; }
+[ $((SECONDS - t0)) -le 3 ] || bad "bench with a Python implementation went on $((SECONDS - t0)) s after SIGINT"
+[ -e int.json ] && bad "an interrupted bench wrote its --json"
 # What the processes that run an implementation leave in TMPDIR (torch's import leaves a directory per
 # process; this module leaves one per call) goes with the run, for every command that runs one.
 mkdir -p tmpd
