@@ -110,6 +110,17 @@ double step_time(const StepTime& t) {
   return t.forward + t.backward + t.optimizer;
 }
 
+}  // namespace
+
+std::vector<size_t> bench_round_order(size_t n, int round) {
+  std::vector<size_t> order(n);
+  const size_t shift = n == 0 ? 0 : static_cast<size_t>(round / 2) % n;
+  for (size_t k = 0; k < n; ++k) order[k] = (k + shift) % n;
+  if (round % 2 == 1) std::reverse(order.begin(), order.end());
+  return order;
+}
+
+namespace {
 // Per-round ratios a[k] / b[k] over the timed rounds both have.
 std::vector<double> paired_ratios(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> r;
@@ -122,8 +133,8 @@ bool tight(const Interval& ci, double centre, double target) {
   return ci.coverage >= 0.95 && (ci.hi - ci.lo) / 2 <= target * std::max(std::abs(centre), 1e-12);
 }
 
-// Trains every Case of `cases` (one per row) step by step in turn, rotating the order every round so
-// that no row always runs right after the same one, and reduces each record. Rounds past
+// Trains every Case of `cases` (one per row) step by step in turn, in bench_round_order, and reduces each
+// record. Rounds past
 // `o.repeats` timed ones go on while any interval `wide` names is wider than the target.
 std::vector<Measured> measure_interleaved(
     const std::vector<Case>& cases, const std::vector<std::unique_ptr<CheckpointImpl>>& impls, const BenchOptions& o,
@@ -146,8 +157,7 @@ std::vector<Measured> measure_interleaved(
   int steps = 0;
   for (int s = 0; s < max_steps; ++s) {
     if (s == o.warmup) timed_start = clock::now();
-    for (size_t k = 0; k < n; ++k) {
-      const size_t i = (k + static_cast<size_t>(s)) % n;
+    for (const size_t i : bench_round_order(n, s)) {
       if (!errors[i].empty()) continue;
       if (o.progress) o.progress(fmt::format("round {}/{}: {}", s + 1, max_steps, cases[i].plan.to_string()));
       if (s == o.warmup) timed_collectives[i] = runs[i]->collectives_issued();

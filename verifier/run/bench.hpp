@@ -154,6 +154,11 @@ Case seed_lab_case(const std::string& device);
 std::vector<Plan> seed_lab_plans();
 // The plans benchmarked for any other Case: none, block, every2, sqrt, seg2 (those valid for it).
 std::vector<Plan> default_bench_plans(const Case& c);
+// The order in which round `round` runs the n rows: rotated by round / 2, and reversed in odd rounds, so
+// that over every 2n rounds each row runs right after each of its neighbours as often as right before
+// it (a row that always ran after the same one would inherit its warm caches: two identical
+// implementations then differ by their order alone).
+std::vector<size_t> bench_round_order(size_t n, int round);
 
 // Throws EnvironmentError when the Case cannot run here; std::runtime_error when the none run fails.
 BenchResult run_bench(const Case& c, const std::vector<Plan>& plans, const std::vector<BenchImpl>& impls,

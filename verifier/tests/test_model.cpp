@@ -4,6 +4,9 @@
 // the taps record what they should.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -378,6 +381,26 @@ TEST(Bench, GrowthFitRecoversTheExponentDespiteAConstant) {
     EXPECT_NEAR(f.k, k, 1e-9);
     EXPECT_NEAR(f.c, 5000.0, 1e-3);
     EXPECT_NEAR(f.a, 300.0, 1e-3);
+  }
+}
+
+// Every round runs every row once, and over 2n rounds each row runs right after each other row exactly
+// as often as right before it (the rows' order alone made one of two identical implementations
+// "faster": with the order only rotated, the second always ran right after the first).
+TEST(Bench, RoundOrderIsBalanced) {
+  for (size_t n = 1; n <= 6; ++n) {
+    std::map<std::pair<size_t, size_t>, int> after;  // (earlier, later) adjacent in one round
+    for (int round = 0; round < static_cast<int>(2 * n); ++round) {
+      std::vector<size_t> order = bench_round_order(n, round);
+      for (size_t k = 1; k < order.size(); ++k) ++after[{order[k - 1], order[k]}];
+      std::sort(order.begin(), order.end());
+      for (size_t k = 0; k < n; ++k) ASSERT_EQ(order[k], k) << "n " << n << " round " << round;
+    }
+    for (const auto& [pair, count] : after) {
+      const auto back = after.find({pair.second, pair.first});
+      EXPECT_EQ(count, back == after.end() ? 0 : back->second)
+          << "n " << n << ": row " << pair.second << " after row " << pair.first;
+    }
   }
 }
 
