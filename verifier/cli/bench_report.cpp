@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "reports/plot.hpp"
 #include "verifier/cli/output.hpp"
@@ -33,25 +34,55 @@ std::string overhead_text(const PlanBench& p) {
 // Memory saved per unit of time overhead (the seed's "saving/overhead" ratio). Only where the overhead
 // is measured apart from zero: "noise" when its interval contains 0, "n/a" when the plan ran faster than
 // none (no overhead to divide by).
+// The value, where there is one (JSON and CSV: null and empty elsewhere).
+std::optional<double> save_per_overhead(const PlanBench& p) {
+  if ((p.plan == "none" && p.impl.empty()) || p.overhead_ci.contains(0.0) || p.overhead_ci.hi < 0) return std::nullopt;
+  return p.saving / p.overhead;
+}
 std::string ratio_text(const PlanBench& p) {
   if (p.plan == "none" && p.impl.empty()) return "-";
   if (p.overhead_ci.contains(0.0)) return "noise";
   if (p.overhead_ci.hi < 0) return "n/a";
   // Resolved by an interval of less than 95% coverage (too few rounds): marked as that interval is.
-  return fmt::format("{:.2f}{}", p.saving / p.overhead, p.overhead_ci.coverage >= 0.95 ? "" : "*");
+  return fmt::format("{:.2f}{}", *save_per_overhead(p), p.overhead_ci.coverage >= 0.95 ? "" : "*");
 }
 std::string impl_tag(const BenchResult& r, const std::string& impl) {
   for (size_t k = 0; k < r.impls.size(); ++k)
     if (r.impls[k] == impl) return fmt::format("[{}]", k + 1);
   return "-";
 }
-// "0.97x [0.95,0.99]: 3.0% faster", or "within noise" when the interval contains 1.
-std::string comparison_text(const ImplComparison& c) {
-  std::string verdict = c.ci.contains(1.0) ? "within noise (no difference this run can resolve)"
-                        : c.ratio < 1.0    ? fmt::format("{:.1f}% faster", 100.0 * (1.0 - c.ratio))
-                                           : fmt::format("{:.1f}% slower", 100.0 * (c.ratio - 1.0));
-  if (c.ci.coverage < 0.95) verdict += " (too few rounds for a 95% interval)";
-  return fmt::format("{:.3f}x [{:.3f},{:.3f}]: {}", c.ratio, c.ci.lo, c.ci.hi, verdict);
+// Why a row's timings rank nothing: it failed (did not complete, its gate failed, its loss curve left
+// none's); "" when it did not.
+std::string row_failure(const BenchResult& r, const std::string& plan, const std::string& impl) {
+  for (const PlanBench& p : r.plans) {
+    if (p.plan != plan || p.impl != impl) continue;
+    if (!p.completed) return "did not complete";
+    if (p.verified.rfind("FAILED", 0) == 0) return "failed the gate";
+    const std::string label = impl.empty() ? plan : plan + " (" + impl + ")";
+    if (std::find(r.diverged.begin(), r.diverged.end(), label) != r.diverged.end()) return "left none's loss curve";
+  }
+  return "";
+}
+// "0.97x [0.95,0.99]: 3.0% faster", or "within noise" when the interval contains 1; no verdict without a
+// 95% interval, nor where either side failed (a broken implementation's speed ranks nothing).
+std::string comparison_text(const BenchResult& r, const ImplComparison& c) {
+  const std::string numbers = fmt::format("{:.3f}x [{:.3f},{:.3f}]", c.ratio, c.ci.lo, c.ci.hi);
+  for (const std::string* side : {&c.against, &c.impl})
+    if (const std::string why = row_failure(r, c.plan, *side); !why.empty())
+      return fmt::format("{}: not compared ({} {})", numbers, impl_tag(r, *side), why);
+  if (c.ci.coverage < 0.95)
+    return fmt::format("{:.3f}x: not compared (only {} timed round(s); a 95% interval needs {})", c.ratio, r.rounds,
+                       kMinIntervalSamples);
+  return numbers + ": " +
+         (c.ci.contains(1.0) ? "within noise (no difference this run can resolve)"
+          : c.ratio < 1.0    ? fmt::format("{:.1f}% faster", 100.0 * (1.0 - c.ratio))
+                             : fmt::format("{:.1f}% slower", 100.0 * (c.ratio - 1.0)));
+}
+// Whether a comparison resolves a difference, for the JSON: null where comparison_text gives none.
+nlohmann::json comparison_verdict(const BenchResult& r, const ImplComparison& c) {
+  if (!row_failure(r, c.plan, c.against).empty() || !row_failure(r, c.plan, c.impl).empty() || c.ci.coverage < 0.95)
+    return nullptr;
+  return c.ci.contains(1.0);
 }
 std::string row_name(const PlanBench& p) {
   return p.impl.empty() ? p.plan : p.plan + " (" + p.impl + ")";
@@ -145,7 +176,7 @@ std::string bench_table(const BenchResult& r) {
     s += fmt::format("\nagainst [1] {} on the same plan (median of per-round step-time ratios, 95% interval):\n",
                      r.impls.front());
     for (const ImplComparison& c : r.comparisons)
-      s += fmt::format("  {:<{}} {:>5} {}\n", c.plan, w, impl_tag(r, c.impl), comparison_text(c));
+      s += fmt::format("  {:<{}} {:>5} {}\n", c.plan, w, impl_tag(r, c.impl), comparison_text(r, c));
   }
   if (!r.growth.empty()) {
     s += "\ngrowth (block parameters frozen; the step's peak above its start):\n";
@@ -189,6 +220,7 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                 {"overhead_interval_coverage", p.overhead_ci.coverage},
                 {"step_times_s", p.step_times},
                 {"overhead_expected", p.overhead_expected < 0 ? json(nullptr) : json(p.overhead_expected)},
+                {"save_per_overhead", save_per_overhead(p) ? json(*save_per_overhead(p)) : json(nullptr)},
                 {"losses", p.losses},
                 {"loss_divergence", p.loss_divergence}});
       if (r.tp * r.dp > 1) {
@@ -220,7 +252,7 @@ nlohmann::json bench_json(const BenchResult& r, const std::string& impl, const s
                            {"ratio", c.ratio},
                            {"interval", {c.ci.lo, c.ci.hi}},
                            {"coverage", c.ci.coverage},
-                           {"within_noise", c.ci.contains(1.0)}});
+                           {"within_noise", comparison_verdict(r, c)}});
   json j{{"tool", "ckverify"},
          {"command", "bench"},
          {"impl", impl},
@@ -271,7 +303,7 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
       "step_s,step_spread,forward_s,backward_s,optimizer_s,overhead,overhead_lo,overhead_hi,overhead_expected,tokens_"
       "per_"
       "s,"
-      "loss_divergence\n";
+      "loss_divergence,save_per_overhead\n";
   auto quoted = [](const std::string& v) {
     std::string q = "\"";
     for (char ch : v) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
@@ -280,11 +312,12 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
   for (const PlanBench& p : r.plans)
     if (p.completed)
       csv += fmt::format(
-          "{},{},{},{:.6f},{},{},{},{},{},{:.6f},{:.4f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.2f},{:.3e}\n",
+          "{},{},{},{:.6f},{},{},{},{},{},{:.6f},{:.4f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.2f},{:.3e},{}"
+          "\n",
           p.plan, quoted(p.impl), p.total_peak, p.saving, p.forward_kept, p.step_peak, p.params, p.grads, p.optimizer,
           p.step_s, p.spread, p.forward_s, p.backward_s, p.optimizer_s, p.overhead, p.overhead_ci.lo, p.overhead_ci.hi,
           p.overhead_expected < 0 ? std::string() : fmt::format("{:.6f}", p.overhead_expected), p.tokens_per_s,
-          p.loss_divergence);
+          p.loss_divergence, save_per_overhead(p) ? fmt::format("{:.4f}", *save_per_overhead(p)) : std::string());
   write_atomically(path("plans.csv"), csv);
   std::string losses = "plan,impl,step,loss\n";
   for (const PlanBench& p : r.plans)
@@ -370,10 +403,12 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
   md +=
       "Peak: parameters + optimizer state + the step's peak of tensor memory above its start (activations, "
       "gradients as they are built, temporaries). Kept: what the forward keeps for backward. Every row trains one "
-      "step per round, the order rotating each round. Times are medians over the timed rounds (spread = (max - min) "
+      "step per round, in an order that rotates and reverses round by round. Times are medians over the timed rounds "
+      "(spread = (max - min) "
       "/ median). Overhead: the median over the rounds of step / step(`none`) - 1, with its distribution-free 95% "
       "interval (the order statistics of the per-round ratios; * marks fewer rounds than a 95% interval needs). "
-      "Bound: T_fwd(recomputed units) / (T_fwd + T_bwd) measured on `none`. save/ovh: memory saving per unit of "
+      "Expected: T_fwd(recomputed units) / (T_fwd + T_bwd) measured on `none` (an estimate of what recomputing "
+      "alone costs, not a ceiling). save/ovh: memory saving per unit of "
       "time overhead, only where the overhead's interval excludes 0 (noise: it does not). loss dev: largest relative "
       "deviation of the row's loss curve from `none`'s.\n\n";
   md += "verified: the gate's verdict on generated Cases with the plan or strategy (`--verify-cases`).\n\n";
@@ -401,7 +436,7 @@ void write_bench_report(const FileArg& dir, const BenchResult& r, const AmpAudit
         "| plan | impl | ratio |\n|---|---|---|\n",
         r.impls.front());
     for (const ImplComparison& c : r.comparisons)
-      md += fmt::format("| {} | `{}` | {} |\n", c.plan, c.impl, comparison_text(c));
+      md += fmt::format("| {} | `{}` | {} |\n", c.plan, c.impl, comparison_text(r, c));
   }
   if (r.tp * r.dp > 1) {
     md += fmt::format(

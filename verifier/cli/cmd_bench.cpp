@@ -430,7 +430,7 @@ int run_bench(const BenchArgs& a) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << fmt::format(
                    "ckverify bench: impl={} device={} threads={} warmup={} repeats={}..{} target=+-{:.1f}% ({:.0f} "
-                   "s)\ncase: {}\n",
+                   "s)\ncase: {} (steps: the warmup and timed rounds, whatever the Case file says)\n",
                    impl_text, a.device, threads, a.warmup, a.repeats, a.max_repeats, 100.0 * a.target, secs,
                    r.case_line)
             << bench_table(r);
@@ -459,7 +459,9 @@ int run_bench(const BenchArgs& a) {
   for (const PlanBench& p : r.plans)
     if (p.verified.rfind("FAILED", 0) == 0) failed.push_back(row(p) + ": the gate " + p.verified);
   if (!failed.empty()) {
-    std::cout << "FAIL: plan " << failed.front() << std::endl;
+    std::cout << "FAIL: plan " << failed.front()
+              << (failed.size() > 1 ? fmt::format(" (and {} more failed row(s), above)", failed.size() - 1) : "")
+              << std::endl;
     return kExitFailed;
   }
   if (!r.growth_failed.empty()) {
@@ -474,7 +476,11 @@ int run_bench(const BenchArgs& a) {
     std::cout << "FAIL: checkpoint drift exceeds its allowance" << std::endl;
     return kExitFailed;
   }
-  std::cout << "PASS: every plan completed and trained exactly as none did" << std::endl;
+  std::cout << "PASS: every plan completed and trained exactly as none did"
+            << (a.verify_cases == 0 ? " (not gated: --verify-cases 0)"
+                : as_ranks          ? " (not gated here: a Case that runs as ranks)"
+                                    : "")
+            << std::endl;
   return kExitOk;
 }
 

@@ -319,6 +319,7 @@ expect 2 "bench: fewer rounds at most than at least" -- "$ck" bench bench.json -
 one_line_error "bench --max-repeats below --repeats"
 grep -q -- "--max-repeats 2 is below --repeats 4" err.txt || { bad "bench --max-repeats below --repeats: message"; cat err.txt; }
 expect 0 "bench report with growth" -- "$ck" bench bench.json --plans block --warmup 0 --repeats 1 --growth --out rep
+head -1 rep/plans.csv | grep -q ",save_per_overhead$" || bad "plans.csv lacks save/ovh"
 for f in report.md bench.json plans.csv losses.csv growth.csv memory_time.png losses.png growth.png; do
   [ -s "rep/$f" ] || bad "bench report lacks $f"
 done
@@ -342,6 +343,35 @@ expect 2 "bench: --out is a file" -- "$ck" bench bench.json --out bench.json
 expect 2 "bench: a plan invalid for the Case" -- "$ck" bench bench.json --plans seg9
 [ -e rep2 ] && bad "a refused bench left a directory"
 expect 2 "bench: --out in a missing directory" -- "$ck" bench bench.json --out nodir/rep2
+# Two implementations side by side are ranked only with a 95% interval and only where neither failed:
+# against a fault whose loss curve leaves none's, and over one round, "not compared" (JSON: null).
+"$ck" case layers=2 d=16 heads=2 seq=16 batch=2 steps=12 drop=0.3 plan=block > drop.json
+expect 1 "bench: a comparison against a failed implementation" -- "$ck" bench drop.json --plans block --repeats 6 \
+  --max-repeats 6 --verify-cases 0 --threads 1 --impl no-preserve-rng,builtin --json cmp1.json
+grep -q "^  block .*\[2\] .*: not compared (\[1\] left none's loss curve)" out.txt || { bad "bench: ranked against a failed row"; cat out.txt; }
+expect 0 "bench: a comparison over one round" -- "$ck" bench drop.json --plans block --repeats 1 --max-repeats 1 \
+  --verify-cases 0 --threads 1 --impl builtin,recompute-twice --json cmp2.json
+grep -q "^  block .*\[2\] [0-9.]*x: not compared (only 1 timed round(s); a 95% interval needs 6)" out.txt ||
+  { bad "bench: ranked without an interval"; cat out.txt; }
+grep -q "^PASS: .*(not gated: --verify-cases 0)$" out.txt || { bad "bench: an ungated PASS not said"; cat out.txt; }
+python3 -c "import json,sys; sys.exit(any(c['within_noise'] is not None for f in ('cmp1.json','cmp2.json') for c in json.load(open(f))['comparisons']))" ||
+  bad "bench: a comparison not made has a within_noise verdict in the JSON"
+# The printed save/ovh is in the JSON too (null where the console says noise or n/a).
+python3 - <<'PY' || bad "bench: save/ovh differs between the console and the JSON"
+import json, re
+rows = [l for l in open("out.txt") if re.match(r"^(none|block) ", l)]
+for p in json.load(open("cmp2.json"))["plans"]:
+    v = p["save_per_overhead"]
+    impl = p.get("impl", "")
+    row = [l for l in rows if l.startswith(p["plan"] + " ") and ("[1]" if impl == "builtin" else "[2]" if impl else " - ") in l]
+    assert len(row) == 1, (p["plan"], impl, rows)
+    cell = row[0].split()[-2]
+    assert (v is None and cell in ("-", "noise", "n/a")) or cell.rstrip("*") == f"{v:.2f}", (cell, v)
+PY
+expect 1 "bench: two rows failing the gate" -- "$ck" bench drop.json --plans block --repeats 1 --max-repeats 1 \
+  --verify-cases 3 --threads 1 --impl no-preserve-rng,recompute-twice
+grep -q "^FAIL: plan block (no-preserve-rng): .*(and 1 more failed row(s), above)$" out.txt ||
+  { bad "bench: the second failed row not counted"; cat out.txt; }
 # A bench stopped before its report (Ctrl-C) leaves no empty --out directory behind.
 "$ck" case layers=8 d=96 heads=4 seq=96 batch=4 steps=20 plan=block > slowbench.json
 "$ck" bench slowbench.json --out intrep >/dev/null 2>&1 &
