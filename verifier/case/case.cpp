@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 namespace ckv {
@@ -753,11 +754,14 @@ Case case_from_json(const std::string& text) {
   json j;
   std::string field;  // the last top-level key read and whether its value was read whole: errors name it
   bool field_done = false;
+  std::set<std::string> seen;  // the parser keeps the last of two equal keys: a file that says two things
+  std::string twice;
   try {
     j = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (depth == 1 && event == json::parse_event_t::key)
+      if (depth == 1 && event == json::parse_event_t::key) {
         field = parsed.get<std::string>(), field_done = false;
-      else if (depth == 1 && event != json::parse_event_t::object_start && event != json::parse_event_t::array_start)
+        if (!seen.insert(field).second && twice.empty()) twice = field;
+      } else if (depth == 1 && event != json::parse_event_t::object_start && event != json::parse_event_t::array_start)
         field_done = true;
       return true;
     });
@@ -766,6 +770,7 @@ Case case_from_json(const std::string& text) {
         field.empty() ? "" : (field_done ? " after" : " in") + (" field \"" + sanitize(field) + "\"");
     fail("malformed JSON" + where + ": " + sanitize(e.what(), 160));
   }
+  if (!twice.empty()) fail("field \"" + sanitize(twice, 60) + "\" is given twice");
   return from_object(j);
 }
 

@@ -292,6 +292,10 @@ TEST(Case, DeepNestingIsACaseErrorNotAStackOverflow) {
             std::string::npos);
   std::filesystem::remove_all(dir);
   // Brackets inside strings (escaped quotes included) are not nesting.
+  // A key given twice is refused (the parser would keep the last), naming it.
+  EXPECT_EQ(case_error([] { case_from_json("{\"layers\": 2, \"d\": 8, \"layers\": 3}"); }),
+            "case: field \"layers\" is given twice");
+  EXPECT_EQ(case_from_json("{\"layers\": 2, \"d\": 8}").model.layers, 2);
   EXPECT_EQ(case_from_json("{\"impl\": \"[[[[[[[[[[{{{{{{{{{{\"}").impl, "[[[[[[[[[[{{{{{{{{{{");
   EXPECT_EQ(case_from_json("{\"impl\": \"a\\\"[[[[[[[[[[\"}").impl, "a\"[[[[[[[[[[");
 }
