@@ -48,9 +48,9 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
     if (r == 0) findings = line;
   }
   if (const dist::RankOutcome* f = dist::first_failure(outcomes)) {
-    if (f->stopped_from_outside())
-      throw EnvironmentError("rank " + std::to_string(f->rank) + " was killed by signal " + std::to_string(f->code) +
-                             " (" + ::strsignal(f->code) +
+    if (const int sig = f->outside_signal())
+      throw EnvironmentError("rank " + std::to_string(f->rank) + " was stopped by signal " + std::to_string(sig) +
+                             " (" + ::strsignal(sig) +
                              ") from outside ckverify (a user, a service manager or the kernel's out-of-memory "
                              "killer); nothing was judged");
     return {Finding::fail("completes", -1, "rank " + std::to_string(f->rank),

@@ -142,9 +142,9 @@ int bench_as_ranks(const BenchArgs& a, const Case& c) {
     relay(0);
     return kExitOk;
   }
-  if (f->stopped_from_outside()) {
-    std::cerr << "ckverify bench: cannot run here: rank " << f->rank << " was killed by signal " << f->code << " ("
-              << ::strsignal(f->code)
+  if (const int sig = f->outside_signal()) {
+    std::cerr << "ckverify bench: cannot run here: rank " << f->rank << " was stopped by signal " << sig << " ("
+              << ::strsignal(sig)
               << ") from outside ckverify (a user, a service manager or the kernel's out-of-memory killer); nothing "
                  "was measured"
               << std::endl;

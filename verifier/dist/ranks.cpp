@@ -80,8 +80,12 @@ std::string RankOutcome::describe() const {
   return s;
 }
 
-bool RankOutcome::stopped_from_outside() const {
-  return status == Status::crashed && (code == SIGKILL || code == SIGTERM || code == SIGINT || code == SIGHUP);
+int RankOutcome::outside_signal() const {
+  const bool stop = code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP;
+  if (status == Status::failed && stop) return code - 128;
+  if (status == Status::crashed && (code == SIGKILL || code == SIGTERM || code == SIGINT || code == SIGHUP))
+    return code;
+  return 0;
 }
 
 const RankOutcome* first_failure(const std::vector<RankOutcome>& outcomes) {

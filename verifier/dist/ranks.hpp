@@ -24,10 +24,12 @@ struct RankOutcome {
   std::string stderr_tail;       // the last lines it wrote to standard error (bounded)
   int ended = -1;                // the order in which the ranks ended (0 first)
   std::string describe() const;  // one line: "rank 1 crashed (signal 6): ..."
-  // Ended by SIGKILL, SIGTERM, SIGINT or SIGHUP, which run_ranks sends only to ranks it then counts as
-  // timed out or stopped: sent from outside (a user, a service manager, the kernel's out-of-memory
-  // killer), never a crash of the rank's own. Such a run judges nothing.
-  bool stopped_from_outside() const;
+  // The signal that stopped the rank from outside, or 0: SIGKILL, SIGTERM, SIGINT or SIGHUP, which
+  // run_ranks sends only to ranks it then counts as timed out or stopped, so a user, a service manager
+  // or the kernel's out-of-memory killer sent it, never a crash of the rank's own; also the exit status
+  // 128 + SIGTERM, SIGINT or SIGHUP of a rank that is a supervised ckverify command (bench's), which
+  // ends so when stopped. Such a run judges nothing.
+  int outside_signal() const;
 };
 
 // A fresh directory of one launch's own under the system's temporary directory (its store file, the

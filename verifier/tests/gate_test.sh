@@ -371,12 +371,14 @@ kill_rank_test() {  # kill_rank_test MARK WORD SIGNAL WHAT -- command...
   [ -n "$r" ] || bad "$what: no rank process found to kill"
   sleep 2; [ -n "$r" ] && kill -$sig $r; wait $pid; rc=$?
   [ $rc = 2 ] || { bad "$what: exit $rc, not 2"; cat out.txt err.txt; }
-  grep -q "rank [01] was killed by signal .* from outside ckverify" err.txt || { bad "$what: not named"; cat err.txt; }
+  grep -q "rank [01] was stopped by signal .* from outside ckverify" err.txt || { bad "$what: not named"; cat err.txt; }
   grep -q "^FAIL" out.txt && { bad "$what: blamed on the implementation"; cat out.txt; }
   [ "$(grep -c '^ckverify' err.txt)" = 1 ] || { bad "$what: not one error line"; cat err.txt; }
   sleep 1; alive_marked $mark && bad "$what: a rank outlived the run"
 }
 kill_rank_test gate-bench-rank-kill "--as-rank" KILL "bench: a rank killed by SIGKILL from outside" -- \
+  "$ck" bench tp.json --impl "$mis:mode=hang" --plans block --repeats 2 --max-repeats 2 --verify-cases 0
+kill_rank_test gate-bench-rank-term "--as-rank" TERM "bench: a rank stopped by SIGTERM from outside" -- \
   "$ck" bench tp.json --impl "$mis:mode=hang" --plans block --repeats 2 --max-repeats 2 --verify-cases 0
 kill_rank_test gate-check-rank-term "rank --case" TERM "check: a rank stopped by SIGTERM from outside" -- \
   "$ck" check --impl "$mis:mode=hang" --plan block --only tp=2 --cases 1 -j 1 --case-timeout 300
