@@ -134,8 +134,8 @@ bool tight(const Interval& ci, double centre, double target) {
 }
 
 // Trains every Case of `cases` (one per row) step by step in turn, in bench_round_order, and reduces each
-// record. Rounds past
-// `o.repeats` timed ones go on while any interval `wide` names is wider than the target.
+// record. Rounds past `o.repeats` timed ones go on until `tight_enough` says every interval is within the
+// target (or a cap ends them).
 std::vector<Measured> measure_interleaved(
     const std::vector<Case>& cases, const std::vector<std::unique_ptr<CheckpointImpl>>& impls, const BenchOptions& o,
     const std::function<bool(const std::vector<std::vector<double>>&)>& tight_enough, BenchResult& out) {
