@@ -1,6 +1,7 @@
 // verifier/model/model.cpp: see model.hpp. The equations mirror reference/transformer.hpp line by line.
 #include "verifier/model/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -174,6 +175,7 @@ TransformerImpl::TransformerImpl(const ModelConfig& c, SiteTap* tap, EffectState
   }
   norm_f_ = register_module("norm_f", std::make_shared<NormImpl>(c.norm, c.d_model));
   head_ = register_module("head", torch::nn::Linear(c.d_model, c.vocab));
+  named_ = named_parameters().pairs();
 }
 
 torch::Tensor TransformerImpl::attn_half(int l, const torch::Tensor& x, const torch::Tensor& key_valid) {
@@ -273,9 +275,12 @@ std::vector<torch::Tensor> TransformerImpl::unit_params(const Unit& u) {
   if (u.part == BlockPart::embed) add(ModelPart::input_projection);
   if (u.part == BlockPart::whole || u.part == BlockPart::attn) add(ModelPart::block_attn);
   if (u.part == BlockPart::whole || u.part == BlockPart::ffn) add(ModelPart::block_ffn);
-  const auto all = named_parameters();
   std::vector<torch::Tensor> out;
-  for (const auto& n : names) out.push_back(all[n]);
+  for (const auto& n : names) {
+    const auto it = std::find_if(named_.begin(), named_.end(), [&](const auto& kv) { return kv.first == n; });
+    if (it == named_.end()) throw std::logic_error("model: no parameter " + n);
+    out.push_back(it->second);
+  }
   return out;
 }
 
@@ -284,7 +289,7 @@ void TransformerImpl::load(const ParamSet& full, bool shard_values) {
   const bool slice = shard_.sharded() && !shard_values;
   const ParamSet sharded = slice ? shard_params(full, shard_.rank, shard_.size) : ParamSet{};
   const ParamSet& p = slice ? sharded : full;
-  const auto params = named_parameters().pairs();
+  const auto& params = named_;
   if (params.size() != p.items.size())
     throw std::logic_error("model: " + std::to_string(params.size()) + " parameters but the layout has " +
                            std::to_string(p.items.size()));
@@ -308,32 +313,31 @@ NamedArray& layout_slot(ParamSet& p, size_t i, const std::string& name) {
 ParamSet TransformerImpl::values() const {
   if (shard_.sharded()) {  // the shard's own shapes
     ParamSet out;
-    for (const auto& kv : named_parameters())
-      out.items.push_back({kv.key(), kv.value().sizes().vec(), to_doubles(kv.value())});
+    for (const auto& [name, value] : named_) out.items.push_back({name, value.sizes().vec(), to_doubles(value)});
     return out;
   }
   ParamSet out = param_shapes(c_);
   size_t i = 0;  // the module registers its parameters in the layout's order (load() relies on it too)
-  for (const auto& kv : named_parameters()) layout_slot(out, i++, kv.key()).data = to_doubles(kv.value());
+  for (const auto& [name, value] : named_) layout_slot(out, i++, name).data = to_doubles(value);
   return out;
 }
 
 ParamSet TransformerImpl::grads() const {
   if (shard_.sharded()) {  // the shard's own shapes; an undefined gradient reads as zeros
     ParamSet out;
-    for (const auto& kv : named_parameters()) {
-      const torch::Tensor& g = kv.value().grad();
-      out.items.push_back({kv.key(), kv.value().sizes().vec(),
-                           g.defined() ? to_doubles(g) : std::vector<double>(static_cast<size_t>(kv.value().numel()))});
+    for (const auto& [name, value] : named_) {
+      const torch::Tensor& g = value.grad();
+      out.items.push_back({name, value.sizes().vec(),
+                           g.defined() ? to_doubles(g) : std::vector<double>(static_cast<size_t>(value.numel()))});
     }
     return out;
   }
   ParamSet out = param_shapes(c_);  // an undefined gradient reads as zeros (grads_defined() tells)
   size_t i = 0;
-  for (const auto& kv : named_parameters()) {
-    const torch::Tensor& g = kv.value().grad();
-    layout_slot(out, i++, kv.key()).data =
-        g.defined() ? to_doubles(g) : std::vector<double>(static_cast<size_t>(kv.value().numel()));
+  for (const auto& [name, value] : named_) {
+    const torch::Tensor& g = value.grad();
+    layout_slot(out, i++, name).data =
+        g.defined() ? to_doubles(g) : std::vector<double>(static_cast<size_t>(value.numel()));
   }
   return out;
 }
@@ -369,7 +373,7 @@ void TransformerImpl::load_batchnorm_state(const ParamSet& s) {
 
 std::vector<bool> TransformerImpl::grads_defined() const {
   std::vector<bool> out;
-  for (const auto& kv : named_parameters()) out.push_back(kv.value().grad().defined());
+  for (const auto& kv : named_) out.push_back(kv.second.grad().defined());
   return out;
 }
 

@@ -101,6 +101,10 @@ class TransformerImpl : public torch::nn::Module {
   // The parameters a unit reads (layout order; shared parameters included).
   std::vector<torch::Tensor> unit_params(const Unit& u);
   const ModelConfig& config() const { return c_; }
+  // named_parameters(), taken once when the constructor has registered every parameter: walking the
+  // module tree cost more than a small Case's matrix products, and the gate reads the parameters of
+  // every run several times a step. Module::to() keeps each parameter's tensor, so these stay valid.
+  const std::vector<std::pair<std::string, torch::Tensor>>& named_params() const { return named_; }
 
   // Copies values (fp64 -> parameter dtype) by name: the unsharded model's parameters (a sharded model
   // keeps its slice), or with `shard_values` this shard's own (values() of the same rank).
@@ -126,6 +130,7 @@ class TransformerImpl : public torch::nn::Module {
   std::vector<BlockModules> blocks_;
   std::shared_ptr<NormImpl> norm_f_;
   torch::nn::Linear head_{nullptr};
+  std::vector<std::pair<std::string, torch::Tensor>> named_;
 };
 
 // Copies a tensor of any dtype/device to fp64 host values (row-major).

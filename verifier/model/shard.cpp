@@ -138,8 +138,8 @@ std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::
   // Replicated parameters and gradients: which ranks hold a gradient first (a collective over tensors
   // only some ranks have would not match), then the values.
   std::vector<std::pair<std::string, torch::Tensor>> replicated;
-  for (const auto& kv : model.named_parameters())
-    if (shard_dim(kv.key()) < 0) replicated.emplace_back(kv.key(), kv.value());
+  for (const auto& kv : model.named_params())
+    if (shard_dim(kv.first) < 0) replicated.push_back(kv);
   std::vector<uint8_t> has(replicated.size());
   for (size_t i = 0; i < replicated.size(); ++i) has[i] = replicated[i].second.grad().defined();
   const auto defined = tp.all_gather(torch::tensor(std::vector<int64_t>(has.begin(), has.end()), torch::kLong));
@@ -172,12 +172,12 @@ std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::
 
 std::vector<std::string> replica_consistency(const dist::Group& dp, const TransformerImpl& model) {
   std::vector<std::string> out;
-  for (const auto& kv : model.named_parameters()) {
-    const torch::Tensor& p = kv.value();
+  for (const auto& kv : model.named_params()) {
+    const torch::Tensor& p = kv.second;
     const auto values = dp.all_gather(p.detach().contiguous());
     for (size_t r = 1; r < values.size(); ++r)
       if (!torch::equal(values[r], values[0])) {
-        out.push_back(kv.key() + ": values differ between replicas 0 and " + std::to_string(r));
+        out.push_back(kv.first + ": values differ between replicas 0 and " + std::to_string(r));
         break;
       }
     const auto defined = dp.all_gather(torch::tensor({p.grad().defined() ? 1 : 0}, torch::kInt));
@@ -185,13 +185,13 @@ std::vector<std::string> replica_consistency(const dist::Group& dp, const Transf
     for (const auto& d : defined) with += d.item<int>();
     if (with == 0) continue;
     if (with != static_cast<int>(defined.size())) {
-      out.push_back(kv.key() + ": a gradient on some replicas only");
+      out.push_back(kv.first + ": a gradient on some replicas only");
       continue;
     }
     const auto grads = dp.all_gather(p.grad().contiguous());
     for (size_t r = 1; r < grads.size(); ++r)
       if (!torch::equal(grads[r], grads[0])) {
-        out.push_back(kv.key() + ": gradients differ between replicas 0 and " + std::to_string(r) +
+        out.push_back(kv.first + ": gradients differ between replicas 0 and " + std::to_string(r) +
                       " (a gradient the reducer did not average)");
         break;
       }

@@ -141,7 +141,7 @@ class Trainer {
     model_.to(device_);
     model_.load(o.initial_params);
     model_.train();
-    params_ = model_.parameters();
+    for (const auto& kv : model_.named_params()) params_.push_back(kv.second);
     hook_calls_ = std::make_shared<std::vector<int>>(params_.size(), 0);
     hook_input_max_ = std::make_shared<double>(0.0);
     optimizer_ = std::make_unique<OptimizerState>(c, params_);
@@ -161,7 +161,7 @@ class Trainer {
     // on each micro-batch's own gradient, as in one process).
     if (groups_.dp) {
       std::vector<std::string> names;
-      for (const auto& kv : model_.named_parameters()) names.push_back(kv.key());
+      for (const auto& kv : model_.named_params()) names.push_back(kv.first);
       reducer_ = std::make_unique<dist::GradReducer>(groups_.dp, params_, collectives_, std::move(names));
     }
     for (const auto& d : o.data) {  // one per micro-batch, each of its own sequence length (seqvar)

@@ -148,6 +148,28 @@ TEST(ModelVsReference, ParameterNamesMatchTheReferenceLayoutInOrder) {
   }
 }
 
+// named_params() is taken once in the constructor: it must stay the module's own parameters, in order,
+// after Module::to() (which swaps each parameter's data) and after load().
+TEST(ModelVsReference, NamedParamsStayTheModulesParameters) {
+  for (const char* extra : {"", "tie=blocks layers=3", "act=swiglu attn=off norm=rmsnorm"}) {
+    const Case c = case_from_line(to_line(base_case()) + " " + extra);
+    SiteTap tap(c.dropout_impl, c.dropout);
+    TransformerImpl model(c.model, &tap);
+    model.to(torch::kDouble);
+    model.load(make_params(c.model, 7));
+    const auto named = model.named_parameters();
+    const auto& cached = model.named_params();
+    ASSERT_EQ(cached.size(), named.size()) << extra;
+    for (size_t i = 0; i < cached.size(); ++i) {
+      EXPECT_EQ(cached[i].first, named.pairs()[i].first) << extra;
+      EXPECT_TRUE(cached[i].second.is_same(named.pairs()[i].second)) << cached[i].first;
+      EXPECT_EQ(cached[i].second.scalar_type(), torch::kDouble) << cached[i].first;
+    }
+    // values() reads through them: what load() wrote.
+    EXPECT_EQ(model.values().items, make_params(c.model, 7).items) << extra;
+  }
+}
+
 // grad-reference must fail on planted reference errors, and say where.
 TEST(ModelVsReference, PlantedReferenceErrorsAreCaughtAndNamed) {
   auto builtin = make_builtin();
