@@ -65,14 +65,20 @@ std::string row_failure(const BenchResult& r, const std::string& plan, const std
 }
 // "0.97x [0.95,0.99]: 3.0% faster", or "within noise" when the interval contains 1; no verdict without a
 // 95% interval, nor where either side failed (a broken implementation's speed ranks nothing).
-std::string comparison_text(const BenchResult& r, const ImplComparison& c) {
-  const std::string numbers = fmt::format("{:.3f}x [{:.3f},{:.3f}]", c.ratio, c.ci.lo, c.ci.hi);
+// Why a comparison resolves nothing, "" when it resolves: a side that did not complete, failed the gate
+// or left none's loss curve, or too few timed rounds for a 95% interval.
+std::string not_compared(const BenchResult& r, const ImplComparison& c) {
   for (const std::string* side : {&c.against, &c.impl})
-    if (const std::string why = row_failure(r, c.plan, *side); !why.empty())
-      return fmt::format("{}: not compared ({} {})", numbers, impl_tag(r, *side), why);
+    if (const std::string why = row_failure(r, c.plan, *side); !why.empty()) return impl_tag(r, *side) + " " + why;
   if (c.ci.coverage < 0.95)
-    return fmt::format("{:.3f}x: not compared (only {} timed round(s); a 95% interval needs {})", c.ratio, r.rounds,
-                       kMinIntervalSamples);
+    return fmt::format("only {} timed round(s); a 95% interval needs {}", r.rounds, kMinIntervalSamples);
+  return "";
+}
+std::string comparison_text(const BenchResult& r, const ImplComparison& c) {
+  // Without a 95% interval the ratio is printed alone.
+  const std::string numbers = c.ci.coverage < 0.95 ? fmt::format("{:.3f}x", c.ratio)
+                                                   : fmt::format("{:.3f}x [{:.3f},{:.3f}]", c.ratio, c.ci.lo, c.ci.hi);
+  if (const std::string why = not_compared(r, c); !why.empty()) return numbers + ": not compared (" + why + ")";
   return numbers + ": " +
          (c.ci.contains(1.0) ? "within noise (no difference this run can resolve)"
           : c.ratio < 1.0    ? fmt::format("{:.1f}% faster", 100.0 * (1.0 - c.ratio))
@@ -80,8 +86,7 @@ std::string comparison_text(const BenchResult& r, const ImplComparison& c) {
 }
 // Whether a comparison resolves a difference, for the JSON: null where comparison_text gives none.
 nlohmann::json comparison_verdict(const BenchResult& r, const ImplComparison& c) {
-  if (!row_failure(r, c.plan, c.against).empty() || !row_failure(r, c.plan, c.impl).empty() || c.ci.coverage < 0.95)
-    return nullptr;
+  if (!not_compared(r, c).empty()) return nullptr;
   return c.ci.contains(1.0);
 }
 std::string row_name(const PlanBench& p) {
