@@ -69,6 +69,9 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe,
                                          std::chrono::seconds ranks_deadline = std::chrono::seconds(900));
 // The answer file rank `rank` writes in the ranks' directory `dir`.
 std::string rank_answer_path(const std::string& dir, int rank);
+// The file rank 0 keeps its baseline's progress in (set_baseline_progress, run.hpp), one JSON line
+// {"done", "of", "s"}; check_case_as_ranks passes it on to this process's own baseline progress.
+std::string rank_progress_path(const std::string& dir);
 
 // The properties, one per file (registered in registry.cpp).
 Property rng_replay_property();

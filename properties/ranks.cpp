@@ -15,6 +15,34 @@ std::string rank_answer_path(const std::string& dir, int rank) {
   return dir + "/answer" + std::to_string(rank) + ".json";
 }
 
+std::string rank_progress_path(const std::string& dir) {
+  return dir + "/progress.json";
+}
+
+namespace {
+// Reads rank 0's progress file now and then while the ranks run, and reports what changed.
+struct ProgressRelay {
+  BaselineProgress report;
+  std::string path;
+  std::string last;
+  std::chrono::steady_clock::time_point next{};
+  void operator()() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next) return;
+    next = now + std::chrono::milliseconds(50);
+    std::ifstream in(path);
+    std::string line;
+    if (!std::getline(in, line) || line == last) return;
+    last = line;
+    const json j = json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("done") || !j.contains("of") || !j.contains("s") || !j["done"].is_number() ||
+        !j["of"].is_number() || !j["s"].is_number())
+      return;
+    report(j["done"].get<int>(), j["of"].get<int>(), j["s"].get<double>());
+  }
+};
+}  // namespace
+
 std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, std::chrono::seconds ranks_deadline) {
   const dist::LaunchDir dir("ckverify-ranks");
   if (!dir.made()) throw EnvironmentError("cannot create a temporary directory in " + dir.path());
@@ -31,6 +59,10 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
   launch.world = c.ranks();
   launch.dir = tmpl;
   launch.deadline = ranks_deadline;
+  // Rank 0's baseline progress, passed on: a worker tells a Case too slow for its per-case timeout from
+  // a run under test that hangs by it (cli/workers.cpp).
+  if (const BaselineProgress report = get_baseline_progress())
+    launch.while_waiting = ProgressRelay{report, rank_progress_path(tmpl), {}, {}};
   const std::vector<dist::RankOutcome> outcomes = dist::run_ranks(launch);
   // What the ranks said of themselves comes first: an environment error or a ckverify bug on any rank
   // (the others then fail for want of it, and their failures are consequences).

@@ -24,6 +24,16 @@ constexpr std::chrono::seconds kCollectiveTimeout{30};
 std::string error_answer(const std::string& what, const char* kind) {
   return json{{"error", what}, {"kind", kind}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
+
+// Rank 0's baseline progress, for the process that started the ranks (rank_progress_path). A progress
+// file that cannot be written costs only the telling of a slow Case from a hang: never an error.
+std::string progress_file;
+void write_progress(int done, int of, double seconds) {
+  try {
+    write_atomically(file_arg(progress_file), json{{"done", done}, {"of", of}, {"s", seconds}}.dump());
+  } catch (const std::exception&) {
+  }
+}
 }  // namespace
 
 std::vector<Finding> run_case_as_ranks(const Case& c) {
@@ -50,6 +60,7 @@ int run_rank(const RankArgs& a) {
     auto world = dist::Group::join({env.store, env.rank, env.world, kCollectiveTimeout});
     auto impl = make_impl(c.impl);
     const ParallelRun par(world, c);
+    if (env.rank == 0) progress_file = rank_progress_path(a.answer), set_baseline_progress(write_progress);
     const Observations o = observe(c, *impl, &par);
     if (env.rank == 0) write_atomically(file_arg(answer), findings_to_line(judge_all(o)));
     // Every rank has its answer out and has read all its peers sent: the process ends here, without

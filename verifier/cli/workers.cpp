@@ -604,13 +604,13 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
       if (Clock::now() >= w.deadline) {
         // Once the runs are set up, blamed on the implementation only where the timeout is kSlowFactor times
         // what the Case's baseline (which never runs it) takes here; otherwise the Case is too slow for the
-        // timeout on this machine. Before that (the implementation made for the Case, the trainers set up)
-        // and on ranks, which report no progress, it is the implementation's, as a hang.
+        // timeout on this machine (on ranks, rank 0's baseline: check_case_as_ranks passes its progress on).
+        // Before that (the implementation made for the Case, the trainers set up) it is the implementation's,
+        // as a hang.
         const Case& c = cases[static_cast<size_t>(w.task)];
         const double estimate =
             w.baseline_done > 0 ? w.baseline_s / w.baseline_done * std::max(w.baseline_done, w.baseline_of) : 0.0;
-        if (c.ranks() == 1 && w.baseline_started &&
-            (w.baseline_done == 0 || o_.case_timeout_s < kSlowFactor * estimate))
+        if (w.baseline_started && (w.baseline_done == 0 || o_.case_timeout_s < kSlowFactor * estimate))
           throw EnvironmentError(
               w.baseline_done == 0
                   ? fmt::format("the per-case timeout of {:g} s (--case-timeout) is too short for this Case: "
@@ -620,7 +620,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
                                 "its run without checkpointing takes about {:.3g} s, and a hang is told from a "
                                 "slow run only past {:g} times that (case {})",
                                 o_.case_timeout_s, estimate, kSlowFactor, sanitize(to_line(c), 300)));
-        lost(w, c.ranks() > 1 || w.baseline_done == 0
+        lost(w, w.baseline_done == 0
                     ? fmt::format("did not finish within the per-case timeout of {:g} s (--case-timeout): it "
                                   "hangs, or is far slower than the baseline",
                                   o_.case_timeout_s)

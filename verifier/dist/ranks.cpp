@@ -245,6 +245,7 @@ std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
       }
       break;
     }
+    if (launch.while_waiting) launch.while_waiting();
     if (reaped_so_far == before) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (group > 0) ::kill(-group, SIGKILL);  // anything a rank started in the group and left behind

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,7 @@ struct RankLaunch {
   std::string dir;  // an existing directory of the run's own (the store file and the logs)
   std::chrono::milliseconds deadline{60000};
   std::chrono::milliseconds grace{3000};  // after the first failure, before the rest are killed
+  std::function<void()> while_waiting;    // if set, called between the sweeps over the running ranks
 };
 
 std::vector<RankOutcome> run_ranks(const RankLaunch& launch);

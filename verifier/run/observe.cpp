@@ -231,6 +231,9 @@ BaselineProgress baseline_progress = nullptr;
 void set_baseline_progress(BaselineProgress f) {
   baseline_progress = f;
 }
+BaselineProgress get_baseline_progress() {
+  return baseline_progress;
+}
 
 Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par) {
   if ((c.ranks() > 1) != (par != nullptr))

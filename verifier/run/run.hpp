@@ -285,9 +285,11 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
 // Called by observe once both runs are set up (0 steps done) and after each step of the baseline (the run without
 // checkpointing, which never runs the implementation): the steps done, of how many, and the seconds they took. A worker
 // process reports it, so that at the per-case timeout ckverify tells a Case too slow for the timeout from a run under
-// test that hangs (cli/workers.cpp). Null: nothing is called.
+// test that hangs (cli/workers.cpp). Null: nothing is called. On ranks, rank 0's progress reaches the process
+// that started the ranks (check_case_as_ranks), which reports it through its own.
 using BaselineProgress = void (*)(int done, int of, double seconds);
 void set_baseline_progress(BaselineProgress f);
+BaselineProgress get_baseline_progress();
 
 // One tensor of step s that grad-reference compares with the reference, with its fp64 value and its
 // fp32 evaluations (none where the step has none, ReferenceRecord).

@@ -231,6 +231,11 @@ grep -q "too short for this Case" err.txt || { bad "slow Case: the timeout not n
 # (One error line of ckverify's own; the stopped worker's output, relayed, may come before it: LibTorch
 # 1.13 warns about its memory profiling there.)
 [ "$(grep -c "^ckverify: " err.txt)" = 1 ] || { bad "slow Case: not one error line"; cat err.txt; }
+# So on ranks, where rank 0's baseline reports its progress through the ranks' directory.
+"$ck" case layers=2 d=128 heads=4 batch=8 seq=128 steps=40 plan=block seed=1 tp=2 > slowrank.json
+expect 2 "a rank Case too slow for its --case-timeout" -- "$ck" repro slowrank.json --case-timeout 3
+grep -q "too short for this Case: its run without checkpointing takes about" err.txt ||
+  { bad "slow rank Case: the timeout not named"; cat out.txt err.txt; }
 
 # The AMP drift audit: the builtin adds no drift; a reentrant recompute with autocast off does, more than
 # the reference reentrant designs' own drift (the design floor); a recompute from detached leaves (torch's

@@ -397,10 +397,12 @@ grep -q "^held  collective-ledger: rank 0 issued 4 forward, 0 recompute and 4 ba
 expect 0 "repro of a tp=2 Case" -- "$ck" repro tp.json
 grep -q "^held  collective-ledger: rank 0 issued 4 forward, 4 recompute and 4 backward" out.txt ||
   { bad "tp=2: the recompute's collectives not counted"; cat out.txt; }
-# A rank that hangs: the per-case timeout ends the Case as a finding, and takes every rank with it.
+# A rank that hangs: the per-case timeout ends the Case as a finding (rank 0's baseline passed its first step,
+# and its progress reached the worker), and takes every rank with it.
 expect 1 "a plugin that hangs on ranks" -- env CKV_TEST_MARK=gate-tp-hang "$ck" check --impl "$mis:mode=hang" \
   --plan block --only tp=2 --cases 1 -j 2 --case-timeout 5 --time-budget 15 --json tp-hang.json
-grep -q "per-case timeout of 5 s" tp-hang.json || { bad "tp hang: timeout not named"; cat out.txt; }
+grep -q "per-case timeout of 5 s (--case-timeout), over 10 times what its run without checkpointing takes" \
+  tp-hang.json || { bad "tp hang: timeout or rank 0's baseline not named"; cat out.txt; }
 sleep 1
 alive_marked gate-tp-hang && bad "tp hang: a rank outlived the run"
 
