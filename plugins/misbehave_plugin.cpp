@@ -1,6 +1,7 @@
 // plugins/misbehave_plugin.cpp: an implementation that breaks the process it runs in, for the isolation
 // tests: on its `at`-th segment call (default 1) it segfaults (mode=segv), aborts (abort), hangs
-// (hang), throws something that is not a std::exception (throw), exits the process (exit), or forks a
+// (hang), throws something that is not a std::exception (throw), throws a std::runtime_error (raise), exits
+// the process (exit), or forks a
 // process that sleeps for five minutes holding the standard streams and carries on (fork), forks a
 // process that carries on as well, running the rest of ckverify's code (forkrun), writes forged
 // answers and reports on every close-on-exec pipe and exits (forge), reads its standard input to the
@@ -12,7 +13,8 @@
 // (hangonce), starts a thread that writes to its standard output until the process ends (spew), stops
 // itself with SIGSTOP (stopself), or forks a daemon (a child that calls setsid and forks a grandchild
 // sleeping five minutes, then exits) and carries on (daemon); before that it checkpoints nothing (runs the segment
-// plainly, which is a correct, memory-hungry "implementation").
+// plainly, which is a correct, memory-hungry "implementation"). With rank=R, only on rank R of a tp/dp Case
+// (elsewhere it never misbehaves).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -30,15 +32,16 @@
 namespace {
 class Misbehave : public ckv::CheckpointImpl {
  public:
-  Misbehave(std::string mode, int at, std::string marker)
-      : mode_(std::move(mode)), at_(at), marker_(std::move(marker)) {}
+  Misbehave(std::string mode, int at, std::string marker, bool here)
+      : mode_(std::move(mode)), at_(at), marker_(std::move(marker)), here_(here) {}
   std::vector<torch::Tensor> run(const ckv::SegmentCall& call) override {
-    if (++calls_ == at_) {
+    if (++calls_ == at_ && here_) {
       if (mode_ == "segv") std::raise(SIGSEGV);
       if (mode_ == "abort") std::abort();
       if (mode_ == "hang")
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       if (mode_ == "throw") throw 42;
+      if (mode_ == "raise") throw std::runtime_error("misbehave: raised on purpose");
       if (mode_ == "oom") throw std::bad_alloc();
       if (mode_ == "exit") std::exit(0);
       if (mode_ == "fork" && ::fork() == 0) {
@@ -103,29 +106,35 @@ class Misbehave : public ckv::CheckpointImpl {
   std::string mode_;
   int at_;
   std::string marker_;
+  bool here_;
   int calls_ = 0;
 };
 
 ckv::CheckpointImpl* make(const ckv::PluginOptions& o) {
   std::string mode = "segv", marker;
-  int at = 1;
+  int at = 1, rank = -1;
   for (const auto& [k, v] : o) {
     if (k == "mode" &&
-        (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "exit" || v == "fork" || v == "forkrun" ||
-         v == "forge" || v == "stdin" || v == "closefds" || v == "oom" || v == "flood" || v == "setsid" ||
-         v == "hangonce" || v == "spew" || v == "stopself" || v == "daemon"))
+        (v == "segv" || v == "abort" || v == "hang" || v == "throw" || v == "raise" || v == "exit" || v == "fork" ||
+         v == "forkrun" || v == "forge" || v == "stdin" || v == "closefds" || v == "oom" || v == "flood" ||
+         v == "setsid" || v == "hangonce" || v == "spew" || v == "stopself" || v == "daemon"))
       mode = v;
     else if (k == "at")
       at = std::stoi(v);
     else if (k == "marker")
       marker = v;
+    else if (k == "rank")
+      rank = std::stoi(v);
     else
       throw std::invalid_argument("unknown option " + k + "=" + v +
-                                  " (mode=segv|abort|hang|throw|exit|fork|forkrun|forge|stdin|closefds|oom|flood|"
-                                  "setsid|hangonce|spew|stopself|daemon, at=N, marker=PATH)");
+                                  " (mode=segv|abort|hang|throw|raise|exit|fork|forkrun|forge|stdin|closefds|oom|"
+                                  "flood|setsid|hangonce|spew|stopself|daemon, at=N, marker=PATH, rank=R)");
   }
   if (mode == "hangonce" && marker.empty()) throw std::invalid_argument("mode=hangonce needs marker=PATH");
-  return new Misbehave(mode, at, marker);
+  // Ranks of a tp/dp Case have CKV_RANK (dist/ranks.hpp); one process is rank 0.
+  const char* env_rank = std::getenv("CKV_RANK");
+  const bool here = rank < 0 || rank == (env_rank ? std::atoi(env_rank) : 0);
+  return new Misbehave(mode, at, marker, here);
 }
 }  // namespace
 

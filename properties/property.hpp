@@ -62,9 +62,11 @@ std::vector<Finding> findings_from_line(const std::string& line);
 
 // The gate for a Case with tp > 1 (docs/parallel.md): tp processes of `exe` (ckverify, whose hidden
 // subcommand `rank` runs one rank), started and accounted for by dist::run_ranks in a temporary directory
-// of their own; rank 0 judges the gathered observations. A rank that crashes, fails or hangs is a
-// `completes` finding naming it; throws EnvironmentError or std::runtime_error (a ckverify bug) where a
-// rank reported one. `ranks_deadline`: when the ranks are killed as hung.
+// of their own; rank 0 judges the gathered observations. A rank that crashes, exits or hangs, and a run
+// under test that failed on some ranks only (RankRunFailed: the first rank to fail), is a `completes`
+// finding naming the rank; throws EnvironmentError where a rank reported one or was stopped from
+// outside, and std::runtime_error (a ckverify bug) where a rank's own error came first.
+// `ranks_deadline`: when the ranks are killed as hung.
 std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe,
                                          std::chrono::seconds ranks_deadline = std::chrono::seconds(900));
 // The answer file rank `rank` writes in the ranks' directory `dir`.

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "properties/property.hpp"
@@ -64,32 +65,62 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
   if (const BaselineProgress report = get_baseline_progress())
     launch.while_waiting = ProgressRelay{report, rank_progress_path(tmpl), {}, {}};
   const std::vector<dist::RankOutcome> outcomes = dist::run_ranks(launch);
-  // What the ranks said of themselves comes first: an environment error or a ckverify bug on any rank
-  // (the others then fail for want of it, and their failures are consequences).
-  std::string findings;
+  std::vector<json> answers(static_cast<size_t>(c.ranks()));  // what each rank wrote; null where nothing
   for (int r = 0; r < c.ranks(); ++r) {
     std::ifstream in(rank_answer_path(tmpl, r));
     std::string line;
-    if (!std::getline(in, line) || line.empty()) continue;
-    const json j = json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("error")) {
-      const std::string what = "rank " + std::to_string(r) + ": " + j.value("error", std::string());
-      if (j.value("kind", std::string()) == "environment") throw EnvironmentError(what);
-      throw std::runtime_error(what + " (case: " + to_line(c) + ")");
-    }
-    if (r == 0) findings = line;
+    if (std::getline(in, line) && !line.empty()) answers[static_cast<size_t>(r)] = json::parse(line, nullptr, false);
   }
-  if (const dist::RankOutcome* f = dist::first_failure(outcomes)) {
-    if (const int sig = f->outside_signal())
-      throw EnvironmentError("rank " + std::to_string(f->rank) + " was stopped by signal " + std::to_string(sig) +
-                             " (" + ::strsignal(sig) +
+  auto error_of = [&](int r) -> std::string {  // the error rank r reported of itself, or ""
+    const json& j = answers[static_cast<size_t>(r)];
+    return j.is_object() && j.contains("error") && j["error"].is_string() ? j["error"].get<std::string>() : "";
+  };
+  auto kind_of = [&](int r) { return answers[static_cast<size_t>(r)].value("kind", std::string()); };
+  auto completes = [&](const std::string& rank, const std::string& what) {
+    return std::vector<Finding>{Finding::fail(
+        "completes", -1, rank, "the run under test ran as " + std::to_string(c.ranks()) + " ranks and " + what)};
+  };
+  // 1. The environment's: a rank that said so, or one stopped by a signal from outside (its peers then
+  // fail for want of it).
+  for (int r = 0; r < c.ranks(); ++r)
+    if (!error_of(r).empty() && kind_of(r) == "environment")
+      throw EnvironmentError("rank " + std::to_string(r) + ": " + error_of(r));
+  for (const dist::RankOutcome& o : outcomes)
+    if (const int sig = o.outside_signal())
+      throw EnvironmentError("rank " + std::to_string(o.rank) + " was stopped by signal " + std::to_string(sig) + " (" +
+                             ::strsignal(sig) +
                              ") from outside ckverify (a user, a service manager or the kernel's out-of-memory "
                              "killer); nothing was judged");
-    return {Finding::fail("completes", -1, "rank " + std::to_string(f->rank),
-                          "the run under test ran as " + std::to_string(c.ranks()) + " ranks and " + f->describe())};
+  // 2. A rank that crashed or exited without a word of its own (the implementation's signal or exit):
+  // what its peers said came after their collectives lost it.
+  const dist::RankOutcome* silent = nullptr;
+  for (const dist::RankOutcome& o : outcomes)
+    if ((o.status == dist::RankOutcome::Status::crashed || o.status == dist::RankOutcome::Status::failed) &&
+        error_of(o.rank).empty() && (!silent || o.ended < silent->ended))
+      silent = &o;
+  if (silent) return completes("rank " + std::to_string(silent->rank), silent->describe());
+  // 3. The first error a rank reported of itself, the others having failed for want of it in a collective:
+  // the run under test failing on some ranks only (a finding), or ckverify's own (a bug).
+  int first = -1;
+  double first_at = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < c.ranks(); ++r) {
+    if (error_of(r).empty()) continue;
+    const json& at = answers[static_cast<size_t>(r)].value("at", json());
+    const double t = at.is_number() ? at.get<double>() : std::numeric_limits<double>::infinity();
+    if (first < 0 || t < first_at) first = r, first_at = t;
   }
-  if (findings.empty()) throw std::runtime_error("rank 0 ended without an answer (case: " + to_line(c) + ")");
-  return findings_from_line(findings);
+  if (first >= 0 && kind_of(first) == "run_failed")
+    return completes("rank " + std::to_string(first),
+                     "its run failed on rank " + std::to_string(first) + " first: " + error_of(first) +
+                         " (the other ranks then failed in a collective waiting for it)");
+  if (first >= 0)
+    throw std::runtime_error("rank " + std::to_string(first) + ": " + error_of(first) + " (case: " + to_line(c) + ")");
+  if (const dist::RankOutcome* f = dist::first_failure(outcomes))
+    return completes("rank " + std::to_string(f->rank), f->describe());
+  const json& zero = answers.front();
+  if (!zero.is_object() || !zero.contains("findings"))
+    throw std::runtime_error("rank 0 ended without an answer (case: " + to_line(c) + ")");
+  return findings_from_line(zero.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 }  // namespace ckv

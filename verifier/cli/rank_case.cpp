@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/workers.hpp"
@@ -21,8 +23,12 @@ namespace {
 // (dist/group.hpp), and the ranks are stopped together.
 constexpr std::chrono::seconds kCollectiveTimeout{30};
 
-std::string error_answer(const std::string& what, const char* kind) {
-  return json{{"error", what}, {"kind", kind}}.dump(-1, ' ', false, json::error_handler_t::replace);
+// A rank's error, with when it was caught (steady_clock seconds, as RankRunFailed's `at`): the parent
+// takes the first rank's error as the cause.
+std::string error_answer(const std::string& what, const char* kind, std::optional<double> at = std::nullopt) {
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return json{{"error", what}, {"kind", kind}, {"at", at.value_or(now)}}.dump(-1, ' ', false,
+                                                                              json::error_handler_t::replace);
 }
 
 // Rank 0's baseline progress, for the process that started the ranks (rank_progress_path). A progress
@@ -61,7 +67,18 @@ int run_rank(const RankArgs& a) {
     auto impl = make_impl(c.impl);
     const ParallelRun par(world, c);
     if (env.rank == 0) progress_file = rank_progress_path(a.answer), set_baseline_progress(write_progress);
-    const Observations o = observe(c, *impl, &par);
+    // The run under test failed on some ranks only: the answer, and the process ends here, with the groups
+    // (a collective of theirs may still wait for a peer that never comes, and their teardown would too).
+    auto observe_here = [&]() -> Observations {
+      try {
+        return observe(c, *impl, &par);
+      } catch (const RankRunFailed& e) {
+        write_atomically(file_arg(answer), error_answer(e.what(), "run_failed", e.at));
+        std::fflush(nullptr);
+        ::_exit(2);
+      }
+    };
+    const Observations o = observe_here();
     if (env.rank == 0) write_atomically(file_arg(answer), findings_to_line(judge_all(o)));
     // Every rank has its answer out and has read all its peers sent: the process ends here, without
     // LibTorch's teardown (about 80 ms of a rank's life, once per rank per Case).

@@ -64,11 +64,23 @@ std::shared_ptr<Group> Group::subgroup(const std::string& name, const std::vecto
 // Gloo reduces and gathers raw buffers: ranks that pass tensors of other sizes or dtypes would read
 // past or short of each other's data. Each collective first gathers every rank's (numel, dtype) and
 // throws on every rank, naming the ranks, when they differ.
-void Group::check_same_on_every_rank(const torch::Tensor& t, const char* what) const {
+namespace {
+// Waits for a collective: the group's timeout, or `wait` (c10d then throws "Operation timed out").
+template <class W>
+void wait_for(const W& work, std::optional<std::chrono::milliseconds> wait) {
+  if (wait)
+    work->wait(*wait);
+  else
+    work->wait();
+}
+}  // namespace
+
+void Group::check_same_on_every_rank(const torch::Tensor& t, const char* what,
+                                     std::optional<std::chrono::milliseconds> wait) const {
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty({2}, torch::kLong));
   std::vector<torch::Tensor> in{torch::tensor({t.numel(), static_cast<int64_t>(t.scalar_type())}, torch::kLong)};
-  impl_->pg->allgather(out, in)->wait();
+  wait_for(impl_->pg->allgather(out, in), wait);
   for (int r = 0; r < size_; ++r)
     if (!torch::equal(out[0][static_cast<size_t>(r)], in[0]))
       throw std::invalid_argument(
@@ -94,13 +106,14 @@ void Group::all_reduce_sum_(torch::Tensor& t) const {
   impl_->pg->allreduce(ts)->wait();
 }
 
-std::vector<torch::Tensor> Group::all_gather(const torch::Tensor& t) const {
+std::vector<torch::Tensor> Group::all_gather(const torch::Tensor& t,
+                                             std::optional<std::chrono::milliseconds> wait) const {
   const torch::Tensor in = t.contiguous();
-  check_same_on_every_rank(in, "all_gather");
+  check_same_on_every_rank(in, "all_gather", wait);
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(in));
   std::vector<torch::Tensor> ins{in};
-  impl_->pg->allgather(out, ins)->wait();
+  wait_for(impl_->pg->allgather(out, ins), wait);
   return out[0];
 }
 

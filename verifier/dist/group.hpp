@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,11 @@ class Group {
   // Collectives throw on every rank when the ranks pass tensors of other sizes or dtypes.
   // In place; t must be contiguous. bf16 and fp16 are summed in fp32 and rounded once.
   void all_reduce_sum_(torch::Tensor& t) const;
-  std::vector<torch::Tensor> all_gather(const torch::Tensor& t) const;  // every rank's t, in rank order
+  // Every rank's t, in rank order. `wait`: how long this rank waits for the others before it throws, if not
+  // the group's timeout (the collective then stays pending: the process must end without tearing the group
+  // down, whose destructor waits for it).
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t,
+                                        std::optional<std::chrono::milliseconds> wait = std::nullopt) const;
   void barrier() const;
 
   struct Impl;
@@ -44,7 +49,8 @@ class Group {
       : impl_(std::move(impl)), rank_(rank), size_(size), name_(std::move(name)) {}
 
  private:
-  void check_same_on_every_rank(const torch::Tensor& t, const char* what) const;
+  void check_same_on_every_rank(const torch::Tensor& t, const char* what,
+                                std::optional<std::chrono::milliseconds> wait = std::nullopt) const;
   std::shared_ptr<Impl> impl_;
   int rank_, size_;
   std::string name_;

@@ -13,6 +13,8 @@
 namespace ckv {
 using namespace run_detail;
 namespace {
+// How long a rank whose run under test failed waits for the others to agree on it (RankRunFailed).
+constexpr std::chrono::milliseconds kFailedRankWait{5000};
 // What the strategy made of the block stack, read off what the run under test recomputed.
 void apply_effective_plan(Observations& o) {
   o.strategy = true;
@@ -255,6 +257,7 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
   std::unique_ptr<TracedError> saved;  // the test run's exception, its traceback taken while it is there
   std::optional<MemoryReporting> reporting(std::in_place);  // the two runs' memory (memory-saved)
   double baseline_s = 0.0;
+  double test_failed_at = 0.0;                                // steady_clock seconds (RankRunFailed)
   if (baseline_progress) baseline_progress(0, c.steps, 0.0);  // set up: the runs start
   for (int s = 0; s < c.steps && !test_error; ++s) {
     try {
@@ -275,14 +278,27 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
                                ") where the baseline did not: give the run more memory (memory-saved judges how "
                                "much a checkpoint keeps on Cases that fit)");
       saved = std::make_unique<TracedError>(e.what(), exception_trace(e));
+      test_failed_at = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
       entry.restore();
       test_error = saved.get();
     }
     // On ranks: the run under test stops on every rank where it failed on one (the others would wait
-    // for it in the next collective); the failure is gathered with the records.
-    if (par && !par->all(test_error == nullptr) && !test_error) {
-      saved = std::make_unique<TracedError>("stopped: another rank's run under test failed", "");
-      test_error = saved.get();
+    // for it in the next collective); the failure is gathered with the records. Where it failed inside a
+    // collective on some ranks only, the others wait in that collective instead, and the agreement fails.
+    if (par) {
+      bool all_completed = false;
+      try {
+        // A rank whose run failed waits a short while: ranks that failed alike arrive at once, and one
+        // still running waits in a collective of the step for this rank, which never comes.
+        all_completed = par->all(test_error == nullptr, test_error ? std::optional(kFailedRankWait) : std::nullopt);
+      } catch (const std::exception&) {
+        if (test_error) throw RankRunFailed(first_line(test_error->what()), test_failed_at);
+        throw;
+      }
+      if (!all_completed && !test_error) {
+        saved = std::make_unique<TracedError>("stopped: another rank's run under test failed", "");
+        test_error = saved.get();
+      }
     }
     if (test_error) break;
     const StepRecord &t = o.test.steps.back(), &b = o.baseline.steps.back();

@@ -58,8 +58,8 @@ std::vector<std::vector<double>> ParallelRun::replicas(const std::vector<double>
   return out;
 }
 
-bool ParallelRun::all(bool mine) const {
-  for (const torch::Tensor& t : world_->all_gather(torch::tensor({mine ? 1 : 0}, torch::kInt)))
+bool ParallelRun::all(bool mine, std::optional<std::chrono::milliseconds> wait) const {
+  for (const torch::Tensor& t : world_->all_gather(torch::tensor({mine ? 1 : 0}, torch::kInt), wait))
     if (t.item<int>() == 0) return false;
   return true;
 }

@@ -10,7 +10,10 @@
 // unchanged, and rank 0 judges.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,16 @@ struct RunRecord;
 // data-parallel group (its shard's replicas); null where the degree is 1.
 struct RunGroups {
   std::shared_ptr<dist::Group> tp, dp;
+};
+
+// Thrown by observe on a rank whose run under test failed where the ranks could not agree on it: a peer
+// was gone or waited in another collective, so the run failed on some ranks only and nothing can be
+// judged together. `at`: when this rank's run failed (steady_clock seconds, one clock for every process
+// of the machine), so that the first rank to fail is told from the ranks that failed for want of it.
+class RankRunFailed : public std::runtime_error {
+ public:
+  RankRunFailed(const std::string& what, double at) : std::runtime_error(what), at(at) {}
+  double at;
 };
 
 class ParallelRun {
@@ -50,8 +63,9 @@ class ParallelRun {
   int micro_count() const { return micro_count_; }
   int first_micro() const { return dp_rank() * micro_count_; }
 
-  // Agreement over the world group (every rank calls each in the same order).
-  bool all(bool mine) const;
+  // Agreement over the world group (every rank calls each in the same order). `wait`: how long this rank
+  // waits for the others before it throws, if not the group's timeout.
+  bool all(bool mine, std::optional<std::chrono::milliseconds> wait = std::nullopt) const;
   bool any(bool mine) const { return !all(!mine); }
   double max(double mine) const;
   // Every rank's string, in rank order.

@@ -405,6 +405,19 @@ grep -q "per-case timeout of 5 s (--case-timeout), over 10 times what its run wi
   tp-hang.json || { bad "tp hang: timeout or rank 0's baseline not named"; cat out.txt; }
 sleep 1
 alive_marked gate-tp-hang && bad "tp hang: a rank outlived the run"
+# A run under test that fails on one rank only: that rank is named, never ckverify (exit 3) or the rank
+# that lost its peer. A crash is the rank's exit; an exception leaves the others waiting in a collective,
+# and the first rank to fail is the cause.
+expect 1 "a plugin that segfaults on rank 1 only" -- "$ck" check --impl "$mis:mode=segv,rank=1" --plan block \
+  --only tp=2 --cases 1 -j 1
+grep -q "^  detail:  the run under test ran as 2 ranks and rank 1 crashed (signal 11" out.txt ||
+  { bad "tp segv on rank 1: not named"; cat out.txt err.txt; }
+for r in 0 1; do
+  "$ck" case layers=2 d=8 heads=2 plan=block tp=2 "impl=$mis:mode=raise,rank=$r" > tp-raise.json
+  expect 1 "a plugin that raises on rank $r only" -- "$ck" repro tp-raise.json
+  grep -q "^  detail:  the run under test ran as 2 ranks and its run failed on rank $r first: misbehave: raised" \
+    out.txt || { bad "tp raise on rank $r: not named"; cat out.txt err.txt; }
+done
 
 # Data-parallel Cases: dp=2 splits each step's micro-batches between two replicas whose reducer averages
 # the gradients; the gathered records are those of one process running every micro-batch, so the fp64
