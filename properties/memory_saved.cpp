@@ -31,10 +31,13 @@
 //  3. Nothing is carried into the next step: what a step allocated and still holds when the next step
 //     begins (memory.hpp epochs) is no more than the baseline carries, from the third step on. An
 //     implementation that keeps a step's input gradients or recomputed tensors until the next step fits
-//     check 1's per-call allowance and raises every later step's peak.
+//     check 1's per-call allowance and raises every later step's peak. Nor kept for good by every step:
+//     where every step from the second on ends holding more of the step before's allocations than the
+//     baseline, memory grows with training (three steps or more).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "properties/property.hpp"
 #include "properties/tolerance.hpp"
@@ -209,6 +212,22 @@ Finding judge(const Observations& o) {
                                        "step's tensors into the next",
                                        kib(carried(T.steps[k])), k - 1, k, kib(excess), kib(carry_slack)));
   }
+  // Kept for good, step after step: state allocated once and kept is not a leak, but memory that every
+  // step adds and never releases grows with training (a list of each call's outputs, kept "for
+  // inspection"). Judged where each step from the second on ended still holding more of what the step
+  // before allocated than the baseline does: two such steps at least (steps >= 3), since state may be
+  // allocated in the first step and kept.
+  int64_t kept_least = std::numeric_limits<int64_t>::max();
+  for (size_t k = 1; k < T.steps.size(); ++k) kept_least = std::min(kept_least, T.steps[k].kept - B.steps[k].kept);
+  if (T.steps.size() > 2 && kept_least > carry_slack) {
+    const size_t last = T.steps.size() - 1;
+    return Finding::fail(kName, static_cast<int>(last), fmt::format("step {}, end", last),
+                         fmt::format("at the end of every step from step 1 on, at least {} more than the baseline of "
+                                     "what the step before allocated was still held (allowed {}; at the end of step "
+                                     "{}: {}): the implementation keeps something of every step for good, and the "
+                                     "memory it holds grows with every step",
+                                     kib(kept_least), kib(carry_slack), last, kib(T.steps[last].kept)));
+  }
   const Estimate e = estimate_peak(o);
   int64_t worst = 0;
   for (size_t k = first; k < T.steps.size(); ++k) {
@@ -227,7 +246,9 @@ Finding judge(const Observations& o) {
   std::string leak = leak_judged ? "nothing held after backward"
                                  : "after-backward level not judged (one step cannot tell kept state from a leak)";
   if (T.steps.size() > 2)
-    leak += fmt::format(", nothing carried into the next step (at most {} more than the baseline)", kib(carried_most));
+    leak +=
+        fmt::format(", nothing carried into the next step (at most {} more than the baseline) or kept by every step",
+                    kib(carried_most));
   if (!e.judged && !leak_judged) return Finding::not_applicable(kName, "one step, and " + e.why_not);
   if (!e.judged) return Finding::pass(kName, fmt::format("{}; peak {} not judged: {}", leak, kib(worst), e.why_not));
   return Finding::pass(kName, fmt::format("activation peak {} vs {} without checkpointing (estimate {}); {}",

@@ -240,6 +240,8 @@ const FaultDemo kDemos[] = {
      "pos=post attn=bidir plan=every2 layers=4"},
     {"reentrant-no-autocast", "prec=bf16", "prec=fp32"},
     {"carry-input-grads", "d=16 batch=8 seq=16 steps=3", "d=16 batch=8 seq=16 steps=2"},
+    // Kept for good by every step: two steps cannot tell it from state allocated once and kept.
+    {"keep-every-step", "d=16 batch=8 seq=16 steps=3", "d=16 batch=8 seq=16 steps=2"},
     {"rng-ring-32", "layers=12 micro=3 sched=ffbb", "layers=12 micro=2 sched=ffbb"},  // 36 / 24 calls waiting
     // Micro-batch 1 is one token shorter: padded back to micro-batch 0's length, its keys include a zero row.
     {"static-shape-pad", "micro=2 seqvar=1 attn=bidir", "micro=2 attn=bidir"},

@@ -27,6 +27,7 @@ const std::vector<ImplEntry>& catalogue() {
       replicated_from_stream(),  reentrant_two_pass(),
       resume_no_tracker(),       reentrant_nested_backward(),
       grads_by_hand(),           late_bound_args(),
+      keep_every_step(),
   };
   return v;
 }

@@ -50,6 +50,7 @@ ImplEntry inputs_only_grad();       // differentiates only the inputs
 ImplEntry leaf_input_recompute();   // recomputes from detached leaf inputs (the bf16 ulp bug)
 ImplEntry reentrant_no_autocast();  // recomputes with autocast off
 ImplEntry carry_input_grads();      // keeps a step's input gradients through the next step
+ImplEntry keep_every_step();        // keeps every call's outputs for good
 ImplEntry leaf_output_dropped();    // drops the gradient of an output that is an input
 // Tensor parallelism (tensor_parallel.cpp; Cases with tp > 1):
 ImplEntry tracker_not_replayed();       // the model-parallel stream is not replayed in the recompute
