@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <mutex>
 #include <stdexcept>
 
@@ -45,6 +46,36 @@ size_t top_level_comma(const std::string& text, size_t from, bool* closed) {
   return text.size();
 }
 
+namespace {
+// Where a value holds ":key=" outside quotes and brackets (`every=2:bogus=1`, options written as the spec's
+// first fields are), the "key=" it holds; "" where it holds none.
+std::string colon_option(const std::string& value, bool json_values) {
+  bool quoted = false;
+  int depth = 0;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const char ch = value[i];
+    if (json_values && quoted) {
+      if (ch == '\\')
+        ++i;
+      else if (ch == '"')
+        quoted = false;
+      continue;
+    }
+    if (json_values && ch == '"') quoted = true;
+    if (json_values && (ch == '[' || ch == '{')) ++depth;
+    if (json_values && (ch == ']' || ch == '}')) --depth;
+    if (ch != ':' || depth > 0) continue;
+    size_t j = i + 1;
+    while (j < value.size() &&
+           (std::isalnum(static_cast<unsigned char>(value[j])) || value[j] == '_' || (j == i + 1 && value[j] == '@')))
+      ++j;
+    const bool key = j > i + 1 && !std::isdigit(static_cast<unsigned char>(value[i + 1]));
+    if (key && j < value.size() && value[j] == '=') return value.substr(i + 1, j - i);
+  }
+  return "";
+}
+}  // namespace
+
 ImplSpec parse_spec(const std::string& spec) {
   ImplSpec s;
   std::string rest;
@@ -80,6 +111,10 @@ ImplSpec parse_spec(const std::string& spec) {
     if (eq == std::string::npos || eq == 0)
       throw std::invalid_argument("--impl " + sanitize(spec, 200) + ": option \"" + sanitize(item, 60) +
                                   "\" is not key=value");
+    if (const std::string second = colon_option(item.substr(eq + 1), json_values); !second.empty())
+      throw std::invalid_argument("--impl " + sanitize(spec, 200) + ": option " + sanitize(item.substr(0, eq), 60) +
+                                  "'s value \"" + sanitize(item.substr(eq + 1), 60) + "\" holds another option (" +
+                                  sanitize(second, 60) + "...): options are separated by commas (a=1,b=2)");
     if (!s.options.emplace(item.substr(0, eq), item.substr(eq + 1)).second)
       throw std::invalid_argument("--impl " + sanitize(spec, 200) + ": option " + sanitize(item.substr(0, eq), 60) +
                                   " is given twice");
@@ -141,7 +176,9 @@ std::unique_ptr<CheckpointImpl> load_plugin(const std::string& spec) {
     impl = create(s.options);
   } catch (const std::exception& e) {
     throw std::invalid_argument("plugin " + sanitize(s.target, 200) +
-                                " refused its options: " + sanitize(e.what(), 200));
+                                ": its factory threw (it refused its options, or its implementation's constructor "
+                                "failed): " +
+                                sanitize(e.what(), 200));
   }
   if (!impl)
     throw std::invalid_argument("plugin " + sanitize(s.target, 200) + ": its factory returned no implementation");

@@ -259,6 +259,9 @@ expect 2 "options the plugin refuses" -- "$ck" check --impl "$mis:colour=blue" -
 grep -q "refused its options" err.txt || { bad "option message"; cat err.txt; }
 one_line_error "refused options"
 expect 2 "a malformed option list" -- "$ck" check --impl "$mis:mode" --cases 1
+expect 2 "plugin options separated by colons" -- "$ck" check --impl "$mis:mode=raise:rank=1" --cases 1
+grep -q "option mode's value \"raise:rank=1\" holds another option (rank=...)" err.txt ||
+  { bad "colon-separated plugin options: message"; cat err.txt; }
 expect 2 "a directory as the plugin" -- "$ck" check --impl "$plugins/" --cases 1
 [ ! -e ckverify-repro.json ] || bad "a refused run wrote a repro file"
 

@@ -290,6 +290,18 @@ expect 2 "--strategy with --plan" -- "$ck" check --strategy py:lab:run_with_chec
 expect 2 "a strategy spec with an unclosed bracket" -- "$ck" check --strategy "py:lab:run_with_checkpointing:n=[1,2" --cases 1
 grep -q "^ckverify: --strategy py:lab:run_with_checkpointing:n=\[1,2: an option value has an unclosed" err.txt ||
   { bad "a strategy spec's error names --strategy as given"; cat err.txt; }
+# ckverify.checkpoint_context(*group): a strategy checkpointing groups of blocks with torch's checkpoint
+# keeps both contracts with it, the recompute marked (fx=) and the tracker's streams replayed (tp=2).
+expect 0 "a strategy on ckverify.checkpoint_context, fx= and tp=2" -- "$ck" check --strategy py:ckverify_test_impls:grouped \
+  --only fx=counter,noise --only tp=2 --only drop=0,0,0.3,0 --cases 2 -j 1
+grep -q "^held  rng-replay on 2/2 cases" out.txt && grep -q "^held  side-effect-once on 2/2 cases" out.txt ||
+  { bad "checkpoint_context: rng-replay or side-effect-once not judged on both"; cat out.txt; }
+# Options after the callable are separated by commas: a colon-separated second option would be read into the
+# first one's value (a string), and the run would go on with neither.
+expect 2 "a strategy spec with its options separated by colons" -- "$ck" check \
+  --strategy "py:lab:run_with_checkpointing:n=2:m=3" --cases 1
+grep -q "option n's value \"2:m=3\" holds another option (m=...): options are separated by commas" err.txt ||
+  { bad "colon-separated options: message"; cat err.txt; }
 expect 2 "--strategy with --impl builtin" -- "$ck" check --strategy py:lab:run_with_checkpointing --impl builtin --cases 1
 grep -q "exclusive" err.txt || { bad "--strategy with --impl builtin: message"; cat err.txt; }
 one_line_error "strategy with plan"
