@@ -79,7 +79,7 @@ Finding judge(const Observations& o) {
     }
     if (la.log != le.log) return fail("log", fmt::format("{} bytes vs {} bytes", la.log.size(), le.log.size()));
     if (const std::string d = la.rng.differences(le.rng); !d.empty())
-      return fail("generators", "the position of the generator(s) of " + d);
+      return fail("generators", "the position of these generators: " + d);
   }
   return Finding::pass(kName, fmt::format("{}: {} step(s) equal to the uninterrupted run", at, r.steps.size()));
 }

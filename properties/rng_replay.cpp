@@ -88,9 +88,11 @@ Finding judge(const Observations& o) {
             // Inside a tensor-parallel region the mask comes from the model-parallel stream, which only
             // a checkpoint that replays the generators it is shown draws again.
             (o.c.tp > 1 && site_shard_dim(r.site) >= 0
-                 ? "; the site is inside a tensor-parallel region and draws from the model-parallel stream: the "
-                   "checkpoint must replay the generators each call shows (SegmentCall::generators; "
-                   "segment.generators in Python), as it replays the default generator"
+                 ? "; the site is inside a tensor-parallel region and draws from the model-parallel stream: for "
+                   "the recompute, the checkpoint must give each generator the call shows "
+                   "(SegmentCall::generators; segment.generators in Python) the state it had at that call's "
+                   "forward, as it does the default generator (a stream not restored, or given another call's, "
+                   "rank's or generator's state, draws another mask)"
                  : ""));
   }
   // Noise modules and jitter: the recompute's eps must be the first forward's, bitwise (same generator

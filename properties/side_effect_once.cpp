@@ -112,8 +112,8 @@ Finding judge(const Observations& o) {
     }
     if (const std::string d = t.rng.differences(b.rng); !d.empty())
       return fail("generators",
-                  "after the step the generator(s) of " + d +
-                      " are not where the non-checkpointed run leaves them: the checkpointed run drew "
+                  "after the step these generators are not where the non-checkpointed run leaves them: " + d +
+                      "; the checkpointed run drew "
                       "a different amount of random numbers (a recompute that did not put the "
                       "generator back, or a forward that drew for other shapes" +
                       std::string(o.strategy ? ", or the strategy drawing random numbers of its own" : "") + ")");

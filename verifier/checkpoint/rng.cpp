@@ -104,7 +104,7 @@ std::string RngState::differences(const RngState& o) const {
     if (i >= cuda_.size() || i >= o.cuda_.size() || !same_state(cuda_[i], o.cuda_[i])) add("cuda:" + std::to_string(i));
   for (size_t i = 0; i < std::max(extra_.size(), o.extra_.size()); ++i)
     if (i >= extra_.size() || i >= o.extra_.size() || !same_state(extra_[i].second, o.extra_[i].second))
-      add("generator " + std::to_string(i));
+      add("the calls' generator " + std::to_string(i) + " (SegmentCall::generators)");
   return out;
 }
 

@@ -21,7 +21,8 @@ class RngState {
   void restore(bool cuda = true) const;
   bool operator==(const RngState& o) const;
   bool operator!=(const RngState& o) const { return !(*this == o); }
-  // The devices whose state differs from `o`'s, for example "cpu, cuda:1, generator 0" (empty when
+  // The generators whose state differs from `o`'s, for example "cpu, cuda:1, the calls' generator 0
+  // (SegmentCall::generators)" (empty when
   // equal; "generator k" is the k-th extra generator).
   std::string differences(const RngState& o) const;
   bool empty() const { return !cpu_.defined(); }

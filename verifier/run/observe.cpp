@@ -476,8 +476,10 @@ std::string describe_effective_plan(const Observations& o) {
   }
   for (size_t s = 0; s < o.segments.size(); ++s)
     if (!o.segments[s].checkpointed) plain += (plain.empty() ? "" : ", ") + std::to_string(s);
-  if (ck.empty()) return "no block checkpointed";
-  return "block(s) " + ck + " checkpointed" + (plain.empty() ? "" : "; " + plain + " plain");
+  // What the run recomputed, not what the strategy meant: a block run inside a checkpoint whose
+  // recompute ran another block reads as never recomputed.
+  if (ck.empty()) return "no block recomputed in backward";
+  return "block(s) " + ck + " recomputed in backward" + (plain.empty() ? "" : "; " + plain + " never recomputed");
 }
 
 }  // namespace ckv

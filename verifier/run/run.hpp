@@ -273,7 +273,8 @@ struct Observations {
   ParallelRecord parallel;
 };
 
-// "blocks 0..4, 5..9 checkpointed; 10, 11 plain": the effective plan of a strategy Case.
+// "block(s) 0..4, 5..9 recomputed in backward; 10, 11 never recomputed": the effective plan of a strategy
+// Case (the checkpoints it made in step 0, micro-batch 0, as their recomputes show them).
 std::string describe_effective_plan(const Observations& o);
 
 // Runs everything. Throws EnvironmentError (check_environment, or the baseline itself runs out of

@@ -624,8 +624,9 @@ TEST(RngState, DifferencesNameEachGeneratorThatMoved) {
   a.restore();
   EXPECT_EQ(RngState::capture({extra}).differences(a), "");
   torch::rand({3}, extra);
-  EXPECT_EQ(RngState::capture({extra}).differences(a), "generator 0");
-  EXPECT_EQ(RngState::capture().differences(a), "generator 0");  // one state has no extra generator
+  EXPECT_EQ(RngState::capture({extra}).differences(a), "the calls' generator 0 (SegmentCall::generators)");
+  EXPECT_EQ(RngState::capture().differences(a),
+            "the calls' generator 0 (SegmentCall::generators)");  // one state has no extra generator
   EXPECT_TRUE(RngState::capture({extra}) != a);
 }
 
