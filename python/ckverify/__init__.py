@@ -35,6 +35,16 @@ What a Python checkpoint implementation sees and may use:
 
 ``replay_generators_context(segment)``
     A ``context_fn`` for the same that replays ``segment.generators`` in the recompute.
+
+``checkpoint_context(*segments, context_fns=())``
+    Both at once, for a checkpoint call that runs ``segments`` (one block, or a group of blocks run as one
+    checkpoint): the recompute marked, and every generator the segments show replayed; then any
+    ``context_fns`` of the caller's own (a selective-checkpoint policy). Call it for each checkpoint call,
+    just before it: ``checkpoint(run, x, use_reentrant=False, context_fn=ckverify.checkpoint_context(*group))``.
+
+``compose_contexts(*context_fns)``
+    One ``context_fn`` from several: their forward contexts entered together, and their recompute
+    contexts, each pair as one context manager that may be entered again.
 """
 import contextlib
 
@@ -46,7 +56,7 @@ except ImportError:  # imported by plain Python (docs, tests of the adapters): n
     _native = None
 
 __all__ = ["Segment", "Blocks", "SegmentState", "is_recomputing", "segment_scope", "recompute_aware_context",
-           "replay_generators_context"]
+           "replay_generators_context", "checkpoint_context", "compose_contexts"]
 
 
 class SegmentState:
@@ -111,15 +121,66 @@ class _ReplayGenerators:
         return False
 
 
+def _generators_of(segments):
+    """The generators the segments show, each once (the blocks of one tracker share its streams)."""
+    out, seen = [], set()
+    for segment in segments:
+        for g in getattr(segment, "generators", ()):
+            if id(g) not in seen:
+                seen.add(id(g))
+                out.append(g)
+    return out
+
+
 def replay_generators_context(segment):
     """A ``context_fn`` (to call now, before the forward) that replays ``segment.generators`` in the recompute."""
-    generators = list(getattr(segment, "generators", ()))
+    generators = _generators_of([segment])
     states = [g.get_state() for g in generators]
 
     def context_fn():
         return contextlib.nullcontext(), _ReplayGenerators(generators, states)
 
     return context_fn
+
+
+class _All:
+    """Enters several context managers as one; may be entered again (torch re-enters a recompute context)."""
+
+    def __init__(self, managers):
+        self.managers, self.stacks = managers, []
+
+    def __enter__(self):
+        with contextlib.ExitStack() as stack:
+            for m in self.managers:
+                stack.enter_context(m)
+            self.stacks.append(stack.pop_all())  # entered all: keep them open until __exit__
+        return self
+
+    def __exit__(self, *exc):
+        return self.stacks.pop().__exit__(*exc)
+
+
+def compose_contexts(*context_fns):
+    """One ``context_fn`` from several, each returning a (forward, recompute) pair of context managers."""
+
+    def context_fn():
+        pairs = [f() for f in context_fns]
+        return _All([p[0] for p in pairs]), _All([p[1] for p in pairs])
+
+    return context_fn
+
+
+def checkpoint_context(*segments, context_fns=()):
+    """The ``context_fn`` for one ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` call running
+    ``segments``: the recompute marked (``recompute_aware_context``), every generator the segments show
+    replayed, then ``context_fns`` of the caller's own. Call it just before the checkpoint call (it takes
+    the generators' states now)."""
+    fns = [recompute_aware_context]
+    generators = _generators_of(segments)
+    if generators:
+        states = [g.get_state() for g in generators]
+        fns.append(lambda: (contextlib.nullcontext(), _ReplayGenerators(generators, states)))
+    return compose_contexts(*fns, *context_fns)
 
 
 class Segment(torch.nn.Module):

@@ -41,7 +41,6 @@ convention unless it names another (``ckverify_convention``).
     layer's own ``__call__`` checkpoints it (``None`` is transformers' default, ``{"use_reentrant": true}``).
     ``offload=true`` runs each layer call under ``torch.autograd.graph.save_on_cpu`` (activation offload).
 """
-import contextlib
 
 import torch
 import torch.utils.checkpoint as _tc
@@ -64,31 +63,6 @@ def _op(name):
     return [overload]
 
 
-class _All:
-    """Enters several context managers as one; may be entered again (torch re-enters a recompute context)."""
-
-    def __init__(self, managers):
-        self.managers, self.stacks = managers, []
-
-    def __enter__(self):
-        with contextlib.ExitStack() as stack:
-            for m in self.managers:
-                stack.enter_context(m)
-            self.stacks.append(stack.pop_all())  # entered all: keep them open until __exit__
-        return self
-
-    def __exit__(self, *exc):
-        return self.stacks.pop().__exit__(*exc)
-
-
-def _compose(*context_fns):
-    def context_fn():
-        pairs = [f() for f in context_fns]
-        return _All([p[0] for p in pairs]), _All([p[1] for p in pairs])
-
-    return context_fn
-
-
 def torch_checkpoint(segment, *args, recompute_aware=True, **kw):
     kw.setdefault("use_reentrant", False)
     fns = [ckverify.recompute_aware_context] if recompute_aware else []
@@ -97,7 +71,7 @@ def torch_checkpoint(segment, *args, recompute_aware=True, **kw):
     if "context_fn" in kw:
         fns.append(kw["context_fn"])
     if fns:
-        kw["context_fn"] = _compose(*fns)
+        kw["context_fn"] = ckverify.compose_contexts(*fns)
     return _tc.checkpoint(segment, *args, **kw)
 
 
@@ -111,7 +85,7 @@ def selective(segment, *args, ops=None, recompute_aware=True, **kw):
     fns = [policy] + ([ckverify.recompute_aware_context] if recompute_aware else [])
     if getattr(segment, "generators", None):
         fns.append(ckverify.replay_generators_context(segment))
-    return _tc.checkpoint(segment, *args, use_reentrant=False, context_fn=_compose(*fns), **kw)
+    return _tc.checkpoint(segment, *args, use_reentrant=False, context_fn=ckverify.compose_contexts(*fns), **kw)
 
 
 def _validate_torch_checkpoint(recompute_aware=True, use_reentrant=False, **_):

@@ -10,6 +10,7 @@ Correct designs that are not torch's checkpoint as it is, and one wrong one:
   megatron_like       megatron-core's calling convention: (function, distribute_saved_activations, *args)
   forgets_recompute   recompute-aware in the forward only: marks the recompute as a first forward
 fails_on_rank raises or aborts on one rank only (bench on ranks must end at once, naming it).
+A strategy: grouped, groups of blocks checkpointed with ckverify.checkpoint_context (passes fx= and tp=2).
 And two that raise, for the tracebacks in reports: raises_in_recompute (in backward), raises_in_forward;
 stateful, correct for its first calls in a process only; and slow_plain, no checkpoint at all, 20 ms a
 call (for interrupting a run in the middle).
@@ -162,3 +163,18 @@ def fails_on_rank(segment, *args, rank=1, how="raise"):
             os.abort()
         raise RuntimeError("raised on rank %d only" % rank)
     return tc.checkpoint(segment, *args, use_reentrant=False)
+
+
+def grouped(blocks, x, size=2):
+    """A strategy: the blocks in groups of `size`, each group one non-reentrant checkpoint whose context_fn
+    is ckverify.checkpoint_context(*group): its recomputes marked, the groups' generators replayed."""
+    for start in range(0, len(blocks), size):
+        group = list(blocks[start:start + size])
+
+        def run(h, group=group):
+            for b in group:
+                h = b(h)
+            return h
+
+        x = tc.checkpoint(run, x, use_reentrant=False, context_fn=ckverify.checkpoint_context(*group))
+    return x
