@@ -26,9 +26,8 @@ constexpr std::chrono::seconds kCollectiveTimeout{30};
 // A rank's error, with when it was caught (steady_clock seconds, as RankRunFailed's `at`): the parent
 // takes the first rank's error as the cause.
 std::string error_answer(const std::string& what, const char* kind, std::optional<double> at = std::nullopt) {
-  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  return json{{"error", what}, {"kind", kind}, {"at", at.value_or(now)}}.dump(-1, ' ', false,
-                                                                              json::error_handler_t::replace);
+  return json{{"error", what}, {"kind", kind}, {"at", at.value_or(steady_seconds())}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
 }
 
 // Rank 0's baseline progress, for the process that started the ranks (rank_progress_path). A progress

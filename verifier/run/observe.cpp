@@ -278,7 +278,7 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
                                ") where the baseline did not: give the run more memory (memory-saved judges how "
                                "much a checkpoint keeps on Cases that fit)");
       saved = std::make_unique<TracedError>(e.what(), exception_trace(e));
-      test_failed_at = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      test_failed_at = steady_seconds();
       entry.restore();
       test_error = saved.get();
     }

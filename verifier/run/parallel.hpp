@@ -40,6 +40,10 @@ class RankRunFailed : public std::runtime_error {
   RankRunFailed(const std::string& what, double at) : std::runtime_error(what), at(at) {}
   double at;
 };
+// Now, in RankRunFailed::at's seconds.
+inline double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 class ParallelRun {
  public:
