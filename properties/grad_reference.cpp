@@ -1,6 +1,8 @@
 // properties/grad_reference.cpp: grad-reference. At every step, the run under test's losses, the
 // gradients of its trainable parameters and x.grad match the independent fp64 reference fed the first
 // forward's masks, within a bound built from the fp32 evaluation of the same reference (tolerance.hpp).
+// Not applicable where the run under test reproduced plain autograd bit for bit (observe(), run.hpp):
+// the verdict there would be the baseline's.
 #include "properties/grad_reference.hpp"
 
 #include <fmt/format.h>
@@ -99,7 +101,8 @@ Property grad_reference_property() {
   return {
       kName,
       "losses, trainable parameter gradients and x.grad match the Eigen fp64 reference fed the first-forward masks, "
-      "within a bound from the reference's own fp32 evaluation (fp32 cases without gradient penalty)",
+      "within a bound from the reference's own fp32 evaluation (fp32 cases without gradient penalty where the run "
+      "under test is not plain autograd's bit for bit)",
       judge};
 }
 

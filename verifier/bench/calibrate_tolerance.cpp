@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
     Case c = gen(rc::Random(static_cast<uint64_t>(i) + 1), 100).value();
     c.precision = Precision::fp32;
     c.gp = 0.0;
-    const Observations o = observe(c, *impl);
+    const Observations o = observe(c, *impl, nullptr, ReferenceUse::always);
     const ReferenceChecks rc = reference_checks(o);
     if (!rc.applicable) {
       ++not_applicable;

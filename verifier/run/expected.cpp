@@ -1,6 +1,6 @@
 // verifier/run/expected.cpp: what the independent reference expects of the run under test (run.hpp:
-// expected_step, reference_tensors, floor_comparisons, off_case_shapes) and the gradient scale the
-// bounds are built from.
+// expected_step, reference_tensors, floor_comparisons, off_case_shapes), whether it needs the reference
+// at all (reproduces_bitwise), and the gradient scale the bounds are built from.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -55,6 +55,46 @@ std::string off_case_shapes(const Case& c, const RunRecord& r) {
       if (auto e = off("jitter", x.step, x.micro, x.layer, x.eps, {c.batch, seq_of(c, x.micro), 1}); !e.empty())
         return e;
   return "";
+}
+
+namespace {
+bool same_tensor(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  return !a.defined() || (a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && torch::equal(a, b));
+}
+// The records of the first forward's draws (call 0: those reference_masks reads), equal in order.
+template <class Call, class Same>
+bool same_first_draws(const std::vector<Call>& t, const std::vector<Call>& b, Same same) {
+  auto next = [](const std::vector<Call>& v, size_t i) {
+    while (i < v.size() && v[i].call != 0) ++i;
+    return i;
+  };
+  size_t i = next(t, 0), j = next(b, 0);
+  for (; i < t.size() && j < b.size(); i = next(t, i + 1), j = next(b, j + 1)) {
+    const Call &x = t[i], &y = b[j];
+    if (x.step != y.step || x.micro != y.micro || x.layer != y.layer || !same(x, y)) return false;
+  }
+  return i == t.size() && j == b.size();
+}
+}  // namespace
+
+bool reproduces_bitwise(const RunRecord& t, const RunRecord& b) {
+  if (!t.completed || !b.completed || t.steps.size() != b.steps.size()) return false;
+  for (size_t s = 0; s < t.steps.size(); ++s) {
+    const StepRecord &x = t.steps[s], &y = b.steps[s];
+    if (x.losses != y.losses || x.grads.items != y.grads.items || x.grad_defined != y.grad_defined || x.dx != y.dx ||
+        x.ledger.batchnorm.items != y.ledger.batchnorm.items)
+      return false;
+  }
+  return same_first_draws(
+             t.sites, b.sites,
+             [](const SiteCall& x, const SiteCall& y) { return x.site == y.site && same_tensor(x.mask, y.mask); }) &&
+         same_first_draws(t.relu, b.relu,
+                          [](const ReluCall& x, const ReluCall& y) { return same_tensor(x.positive, y.positive); }) &&
+         same_first_draws(t.noise, b.noise,
+                          [](const NoiseCall& x, const NoiseCall& y) { return same_tensor(x.eps, y.eps); }) &&
+         same_first_draws(t.jitter, b.jitter,
+                          [](const NoiseCall& x, const NoiseCall& y) { return same_tensor(x.eps, y.eps); });
 }
 
 ExpectedStep expected_step(const Observations& o, int step, RefScalar scalar, const ReferenceFaults& faults,

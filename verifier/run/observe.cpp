@@ -237,7 +237,7 @@ BaselineProgress get_baseline_progress() {
   return baseline_progress;
 }
 
-Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par) {
+Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par, ReferenceUse reference) {
   if ((c.ranks() > 1) != (par != nullptr))
     throw std::logic_error(c.ranks() > 1 ? "observe: a Case with tp or dp > 1 runs as ranks (run_rank_case)"
                                          : "observe: ranks for a Case with tp=dp=1");
@@ -252,7 +252,9 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
   // (a strategy's target is known only once it has run).
   Trainer base(c, o, nullptr, Mode::normal, -1, par),
       test(c, o, &impl, Mode::normal, impl.is_strategy() ? -1 : experiment_segment(o), par);
-  base.record_sites(false);  // no property reads the baseline's masks, ReLU patterns or noise
+  // The baseline's masks, ReLU sides and noise tell only whether the run under test reproduced it, where
+  // the reference could be evaluated (fp32 without a penalty): no property reads them.
+  base.record_sites(c.precision == Precision::fp32 && c.gp == 0.0);
   const std::exception* test_error = nullptr;
   std::unique_ptr<TracedError> saved;  // the test run's exception, its traceback taken while it is there
   std::optional<MemoryReporting> reporting(std::in_place);  // the two runs' memory (memory-saved)
@@ -450,6 +452,11 @@ Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par
     o.reference.why_not = "gp>0: the reference has no second derivatives (grad-baseline checks the penalty)";
   else if (std::string off = off_case_shapes(c, o.test); !off.empty())
     o.reference.why_not = o.reference.off_shape = off + " (the run under test's forward ran at other shapes)";
+  else if (reference == ReferenceUse::where_it_judges && reproduces_bitwise(o.test, o.baseline))
+    o.reference.why_not =
+        "the run under test reproduced plain autograd bit for bit (losses, gradients, x.grad, BatchNorm statistics, "
+        "the first forward's draws): the reference would judge ckverify's model and LibTorch here, not the "
+        "implementation";
   else {
     for (int s = 0; s < c.steps; ++s) {
       o.reference.fp64.push_back(expected_step(o, s, RefScalar::fp64));

@@ -281,8 +281,15 @@ std::string describe_effective_plan(const Observations& o);
 // memory) and std::runtime_error when the baseline fails otherwise (a ckverify bug, never a finding).
 // A Case with tp > 1 runs on every one of its ranks with `par` (parallel.hpp); the observations come
 // back gathered (the unsharded model's), the reference computed on rank 0 only.
+// The fp64 reference is evaluated only where grad-reference can judge the implementation by it:
+// not where the run under test reproduced the baseline (plain autograd) bit for bit in everything the
+// reference reads and grad-reference compares (reproduces_bitwise), since its verdict there is the
+// baseline's, on ckverify's own model and LibTorch, which model_tests judges. `always` evaluates it
+// there too (those tests, and the tolerance calibration).
+enum class ReferenceUse { where_it_judges, always };
 class ParallelRun;
-Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par = nullptr);
+Observations observe(const Case& c, CheckpointImpl& impl, const ParallelRun* par = nullptr,
+                     ReferenceUse reference = ReferenceUse::where_it_judges);
 // Called by observe once both runs are set up (0 steps done) and after each step of the baseline (the run without
 // checkpointing, which never runs the implementation): the steps done, of how many, and the seconds they took. A worker
 // process reports it, so that at the per-case timeout ckverify tells a Case too slow for the timeout from a run under
@@ -365,6 +372,12 @@ double apply_hook(Hook h, double g);
 // the Case gives its micro-batch; else the first that does not, in words (an implementation that ran
 // the segments at other shapes, e.g. padded). The reference reads those records, so it needs this.
 std::string off_case_shapes(const Case& c, const RunRecord& r);
+
+// Whether the run under test `t` reproduced the baseline `b` bit for bit in everything grad-reference
+// reads or compares: the same completed steps, each with equal losses, gradients (and which are
+// defined), x.grad and BatchNorm statistics, and the same first-forward draws (masks, ReLU sides, noise
+// and jitter eps). A NaN anywhere counts as a difference.
+bool reproduces_bitwise(const RunRecord& t, const RunRecord& b);
 
 // What the reference expects of step `step` of the run under test (its parameters before the step, the
 // masks its first forward drew). `faults` plants errors in the reference (tests only).

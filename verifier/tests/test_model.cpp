@@ -78,7 +78,7 @@ TEST(ModelVsReference, Fp32LossAndAllGradientsMatchAcrossOptionsAndFeatures) {
       Case k = c;
       k.dropout_impl = impl;
       k.steps = 2;  // the second step checks the parameters after an SGD step too
-      const Observations o = observe(k, *builtin);
+      const Observations o = observe(k, *builtin, nullptr, ReferenceUse::always);
       ASSERT_TRUE(o.test.completed) << o.test.error;
       const Finding f = reference_finding(o);
       EXPECT_TRUE(f.applicable && f.held) << to_line(k) << "\n" << f.where << "\n" << f.detail;
@@ -94,7 +94,7 @@ TEST(ModelVsReference, SkippedFp32EvaluationsChangeNoVerdict) {
   for (const Case& c : option_cases()) {
     Case k = c;
     k.steps = 2;
-    const Observations lazy = observe(k, *builtin);
+    const Observations lazy = observe(k, *builtin, nullptr, ReferenceUse::always);
     ASSERT_TRUE(lazy.reference.computed) << lazy.reference.why_not;
     Observations full = lazy;
     for (size_t s = 0; s < full.reference.fp64.size(); ++s) {
@@ -173,7 +173,7 @@ TEST(ModelVsReference, NamedParamsStayTheModulesParameters) {
 // grad-reference must fail on planted reference errors, and say where.
 TEST(ModelVsReference, PlantedReferenceErrorsAreCaughtAndNamed) {
   auto builtin = make_builtin();
-  const Observations clean = observe(base_case(), *builtin);
+  const Observations clean = observe(base_case(), *builtin, nullptr, ReferenceUse::always);
   ASSERT_TRUE(reference_finding(clean).held) << reference_finding(clean).detail;
   struct P {
     ReferenceFaults f;
@@ -198,6 +198,100 @@ TEST(ModelVsReference, PlantedReferenceErrorsAreCaughtAndNamed) {
     EXPECT_NE(f.where.find(p.expect_in_where), std::string::npos) << f.where << "\n" << f.detail;
     EXPECT_NE(f.detail.find("Mismatched elements"), std::string::npos) << f.detail;
   }
+}
+
+// Where the run under test reproduced plain autograd bit for bit in all the reference reads and compares,
+// grad-reference's verdict would be the baseline's: observe() does not evaluate the reference, and says
+// why. Any difference in a compared value or a first-forward draw makes it evaluate it again; so does a
+// correct run whose rounding differs (the reference then holds it).
+TEST(ModelVsReference, NotEvaluatedWhereTheRunReproducesPlainAutogradBitForBit) {
+  auto builtin = make_builtin();
+  const Case k = case_from_line(
+      "layers=2 d=16 heads=4 drop=0.2 act=relu fx=bn,noise rand=jitter micro=2 steps=2 "
+      "plan=block seed=4");
+  const Observations o = observe(k, *builtin);
+  ASSERT_TRUE(o.test.completed) << o.test.error;
+  EXPECT_FALSE(o.reference.computed);
+  EXPECT_NE(o.reference.why_not.find("reproduced plain autograd bit for bit"), std::string::npos)
+      << o.reference.why_not;
+  const Finding f = reference_finding(o);
+  EXPECT_FALSE(f.applicable);
+  EXPECT_EQ(f.detail, o.reference.why_not);
+
+  ASSERT_TRUE(reproduces_bitwise(o.test, o.baseline));
+  ASSERT_FALSE(o.test.sites.empty());
+  ASSERT_FALSE(o.test.relu.empty());
+  ASSERT_FALSE(o.test.noise.empty());
+  ASSERT_FALSE(o.test.jitter.empty());
+  ASSERT_FALSE(o.test.steps[1].ledger.batchnorm.items.empty());
+  auto differs = [&](const char* what, auto edit) {
+    RunRecord t = o.test;
+    edit(t);
+    EXPECT_FALSE(reproduces_bitwise(t, o.baseline)) << what;
+  };
+  auto next = [](double v) { return std::nextafter(v, 1e300); };
+  differs("a loss", [&](RunRecord& t) { t.steps[1].losses[1] = next(t.steps[1].losses[1]); });
+  differs("NaN losses on both sides", [&](RunRecord& t) {
+    RunRecord b = o.baseline;
+    t.steps[0].losses[0] = b.steps[0].losses[0] = std::nan("");
+    EXPECT_FALSE(reproduces_bitwise(t, b));
+  });
+  differs("a gradient",
+          [&](RunRecord& t) { t.steps[1].grads.items[3].data[0] = next(t.steps[1].grads.items[3].data[0]); });
+  differs("a gradient left undefined", [&](RunRecord& t) { t.steps[0].grad_defined[2] = !t.steps[0].grad_defined[2]; });
+  differs("x.grad", [&](RunRecord& t) { t.steps[0].dx[1][5] = next(t.steps[0].dx[1][5]); });
+  differs("BatchNorm statistics", [&](RunRecord& t) {
+    auto& v = t.steps[1].ledger.batchnorm.items[0].data[0];
+    v = next(v);
+  });
+  differs("a step fewer", [&](RunRecord& t) { t.steps.pop_back(); });
+  differs("a dropout mask", [&](RunRecord& t) {
+    for (SiteCall& r : t.sites)
+      if (r.mask.defined()) {
+        r.mask = r.mask.clone();
+        r.mask.view(-1)[0] = !r.mask.view(-1)[0].item<bool>();
+        return;
+      }
+  });
+  // The last first-forward record of a list (call 0: the draws the reference reads).
+  auto last_first = [](auto& records) -> auto& {
+    for (size_t i = records.size(); i-- > 0;)
+      if (records[i].call == 0) return records[i];
+    throw std::logic_error("no first-forward record");
+  };
+  differs("a ReLU side", [&](RunRecord& t) {
+    auto& r = last_first(t.relu);
+    r.positive = r.positive.logical_not();
+  });
+  differs("a noise eps", [&](RunRecord& t) { last_first(t.noise).eps = last_first(t.noise).eps * 2; });
+  differs("a jitter eps", [&](RunRecord& t) { last_first(t.jitter).eps = last_first(t.jitter).eps + 1; });
+  differs("a draw missing", [&](RunRecord& t) { t.sites.erase(t.sites.begin()); });
+  // The recompute's draws are rng-replay's: the reference reads the first forward's only.
+  RunRecord recomputed = o.test;
+  SiteCall again = recomputed.sites.front();
+  again.call = 1, again.phase = 1;
+  if (again.mask.defined()) again.mask = again.mask.logical_not();
+  recomputed.sites.push_back(again);
+  EXPECT_TRUE(reproduces_bitwise(recomputed, o.baseline));
+
+  // A correct checkpoint whose outputs are rounded differently (x * 3 / 3 in fp32): the reference judges
+  // it, and it holds.
+  struct Rounds : CheckpointImpl {
+    std::unique_ptr<CheckpointImpl> inner = make_builtin();
+    std::vector<torch::Tensor> run(const SegmentCall& call) override {
+      auto out = inner->run(call);
+      for (auto& t : out)
+        if (t.defined() && t.is_floating_point()) t = t * 3 / 3;
+      return out;
+    }
+  };
+  Rounds rounds;
+  const Observations r = observe(k, rounds);
+  ASSERT_TRUE(r.test.completed) << r.test.error;
+  ASSERT_FALSE(reproduces_bitwise(r.test, r.baseline));
+  EXPECT_TRUE(r.reference.computed) << r.reference.why_not;
+  const Finding held = reference_finding(r);
+  EXPECT_TRUE(held.applicable && held.held) << held.where << "\n" << held.detail;
 }
 
 TEST(SiteTap, RecordsOneFirstForwardCallPerSiteWithTheSiteShapeAndState) {
