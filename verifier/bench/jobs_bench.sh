@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# verifier/bench/jobs_bench.sh [CKVERIFY] [CASES] [ROUNDS] [N]: the gate's throughput with -j 1 and -j N
-# (default: the machine's cores) side by side. Runs `check` on the same seed and cases, alternating the two
+# verifier/bench/jobs_bench.sh [CKVERIFY] [CASES] [ROUNDS] [N] [CHECK ARGS...]: the gate's throughput with
+# -j 1 and -j N (default: the machine's cores) side by side. Runs `check` on the same seed and cases (and
+# any further arguments, e.g. `--only tp=1 --only dp=1` for one-process Cases alone: a Case with tp or dp
+# > 1 runs as that many processes, so -j 1 already spreads it over the cores), alternating the two
 # settings ROUNDS times so a drifting machine slows both alike, and prints cases/s per run, the medians
 # and their ratio. Both settings must give the same verdict (the script checks the JSON reports).
 set -euo pipefail
 ck="${1:-build/verifier/ckverify}"; cases="${2:-600}"; rounds="${3:-3}"; n="${4:-$(nproc)}"
+shift $(( $# < 4 ? $# : 4 ))
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 declare -A rates
 for r in $(seq 1 "$rounds"); do
   for j in 1 "$n"; do
     start=$(date +%s.%N)
-    "$ck" check --cases "$cases" -j "$j" --time-budget 3600 --json "$tmp/j$j.json" >/dev/null
+    "$ck" check --cases "$cases" -j "$j" --time-budget 3600 --json "$tmp/j$j.json" "$@" >/dev/null
     end=$(date +%s.%N)
     rate=$(python3 -c "print(f'{$cases / ($end - $start):.2f}')")
     rates[$j]="${rates[$j]:-} $rate"
