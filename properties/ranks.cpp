@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "properties/property.hpp"
-#include "verifier/dist/ranks.hpp"
+#include "verifier/dist/fork_server.hpp"
 
 namespace ckv {
 using nlohmann::json;
@@ -64,7 +64,7 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
   // a run under test that hangs by it (cli/workers.cpp).
   if (const BaselineProgress report = get_baseline_progress())
     launch.while_waiting = ProgressRelay{report, rank_progress_path(tmpl), {}, {}};
-  const std::vector<dist::RankOutcome> outcomes = dist::run_ranks(launch);
+  const std::vector<dist::RankOutcome> outcomes = dist::launch_ranks(launch);
   std::vector<json> answers(static_cast<size_t>(c.ranks()));  // what each rank wrote; null where nothing
   for (int r = 0; r < c.ranks(); ++r) {
     std::ifstream in(rank_answer_path(tmpl, r));

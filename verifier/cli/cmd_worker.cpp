@@ -15,8 +15,8 @@ CLI::App* add_worker(CLI::App& app, WorkerArgs& a) {
   return worker;
 }
 
-int run_worker(const WorkerArgs& a) {
-  return worker_main(a.impl, a.threads);
+int run_worker(const WorkerArgs& a, int (*program)(int argc, char** argv)) {
+  return worker_main(a.impl, a.threads, program);
 }
 
 }  // namespace ckv::cli

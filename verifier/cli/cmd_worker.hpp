@@ -16,6 +16,7 @@ struct WorkerArgs {
 };
 
 CLI::App* add_worker(CLI::App& app, WorkerArgs& a);
-int run_worker(const WorkerArgs& a);
+// `program`: ckverify's main, which the worker's rank fork server runs for each rank (workers.hpp).
+int run_worker(const WorkerArgs& a, int (*program)(int argc, char** argv));
 
 }  // namespace ckv::cli

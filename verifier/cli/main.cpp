@@ -81,7 +81,8 @@ int supervised(const char* name, double stall_timeout, const std::function<int()
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// main's body: also what a rank forked by a worker's rank fork server runs (workers.hpp).
+static int ckverify_main(int argc, char** argv) {
   CLI::App app{
       "ckverify: correctness gate for activation checkpointing (LibTorch vs a non-checkpointed run and an Eigen fp64 "
       "reference).\nExit codes: 0 all properties held, 1 a property failed, 2 bad usage, bad input or a case this "
@@ -139,7 +140,7 @@ int main(int argc, char** argv) {
   });
   if (checked != kExitOk) return checked;
 
-  if (*worker_cmd) return guarded([&] { return run_worker(worker); });
+  if (*worker_cmd) return guarded([&] { return run_worker(worker, ckverify_main); });
   if (*rank_cmd) return guarded([&] { return run_rank(rank); });
   if (*check_cmd) return guarded([&] { return run_check(check); });
   if (*repro_cmd) return guarded([&] { return run_repro(repro); });
@@ -151,4 +152,8 @@ int main(int argc, char** argv) {
   if (*audit_cmd) return supervised("audit-amp", audit.stall_timeout, [&] { return run_audit_amp(audit); });
   if (*bench_cmd) return supervised("bench", bench.stall_timeout, [&] { return run_bench(bench); });
   return kExitUsage;
+}
+
+int main(int argc, char** argv) {
+  return ckverify_main(argc, argv);
 }

@@ -1,6 +1,7 @@
 // verifier/cli/rank_case.cpp: see rank_case.hpp.
 #include "verifier/cli/rank_case.hpp"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -57,6 +58,8 @@ CLI::App* add_rank(CLI::App& app, RankArgs& a) {
 }
 
 int run_rank(const RankArgs& a) {
+  // Named so in ps and top (a rank forked by the worker's fork server has the worker's command line).
+  ::prctl(PR_SET_NAME, "ckverify-rank");
   const dist::RankEnv env = dist::RankEnv::from_environment();
   const std::string answer = rank_answer_path(a.answer, env.rank);
   torch::set_num_threads(std::max(1, a.threads));

@@ -27,6 +27,7 @@
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/scratch.hpp"
 #include "verifier/cli/search.hpp"
+#include "verifier/dist/fork_server.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/progress.hpp"
 
@@ -92,7 +93,7 @@ void kill_own_group(int) {
 }
 }  // namespace
 
-int worker_main(const std::string& impl, int threads) {
+int worker_main(const std::string& impl, int threads, int (*program)(int argc, char** argv)) {
   // A worker never outlives ckverify, even one killed with SIGKILL while this worker hangs in a case:
   // the parent's death sends SIGTERM, which kills the worker's whole process group; a watchdog thread
   // does the same should the implementation clear PR_SET_PDEATHSIG or take over SIGTERM.
@@ -100,6 +101,8 @@ int worker_main(const std::string& impl, int threads) {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   const pid_t parent = ::getppid();
   if (parent == 1) return 0;
+  if (const char* off = std::getenv("CKV_RANK_FORK_SERVER"); !off || std::string(off) != "0")
+    dist::install_fork_server(dist::RankForkServer::start(program));
   std::thread([parent] {
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(250));

@@ -80,7 +80,10 @@ class WorkerPool {
 };
 
 // `ckverify worker`: the loop a worker runs (started with the requests on fd 0, the answers on fd 3).
-int worker_main(const std::string& impl, int threads);
+// Before it loads the implementation, while it is single-threaded, it forks its rank fork server
+// (dist/fork_server.hpp), which starts the ranks of its Cases with tp or dp > 1 as `program` (ckverify's
+// main) without exec; CKV_RANK_FORK_SERVER=0 in the environment turns that off (each rank is exec'd).
+int worker_main(const std::string& impl, int threads, int (*program)(int argc, char** argv));
 
 // Whether the process is stopped (SIGSTOP, SIGTSTP, a tracer), from /proc/PID/stat.
 bool process_stopped(pid_t pid);

@@ -113,10 +113,15 @@ std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
   const std::string store = launch.dir + "/store";
   ::unlink(store.c_str());
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "CKV_RANK=", 9) != 0 && std::strncmp(*e, "CKV_WORLD=", 10) != 0 &&
-        std::strncmp(*e, "CKV_STORE=", 10) != 0)
-      env_strings.emplace_back(*e);
+  auto keep_env = [&](const char* e) {
+    if (std::strncmp(e, "CKV_RANK=", 9) != 0 && std::strncmp(e, "CKV_WORLD=", 10) != 0 &&
+        std::strncmp(e, "CKV_STORE=", 10) != 0)
+      env_strings.emplace_back(e);
+  };
+  if (launch.environment.empty())
+    for (char** e = environ; *e; ++e) keep_env(*e);
+  else
+    for (const std::string& e : launch.environment) keep_env(e.c_str());
   const size_t W = static_cast<size_t>(launch.world);
   std::vector<pid_t> pids(W, -1);
   std::vector<RankOutcome> out(W);
@@ -130,7 +135,8 @@ std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
   const pid_t parent = ::getpid();
   for (size_t r = 0; r < W; ++r) {
     out[r].rank = static_cast<int>(r);
-    // Everything the child needs is built before fork: between fork and exec it only makes system calls.
+    // Everything the child needs is built before fork: between fork and exec it only makes system calls
+    // (with `entry`, the launcher is single-threaded, so the child may do more).
     std::vector<std::string> env = env_strings;
     env.push_back("CKV_RANK=" + std::to_string(r));
     env.push_back("CKV_WORLD=" + std::to_string(launch.world));
@@ -159,11 +165,26 @@ std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
       if (::setpgid(0, group) != 0) e = errno;
       if (!e && ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) e = errno;
       if (!e && ::getppid() != parent) ::_exit(127);  // the parent is already gone
-      const int in = e ? -1 : ::open("/dev/null", O_RDONLY);
-      const int o1 = e ? -1 : ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int o2 = e ? -1 : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int in = e ? -1 : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      const int o1 = e ? -1 : ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      const int o2 = e ? -1 : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (!e && (in < 0 || o1 < 0 || o2 < 0)) e = errno;
       if (!e && (::dup2(in, 0) < 0 || ::dup2(o1, 1) < 0 || ::dup2(o2, 2) < 0)) e = errno;
+      if (!e && launch.entry) {
+        // The program afresh, as exec would start it: its environment, no descriptor but 0, 1 and 2.
+        for (int fd : {in, o1, o2})
+          if (fd > 2) ::close(fd);
+        ::close(status_pipe[1]);
+        ::clearenv();
+        for (char* v : envp)
+          if (v) ::putenv(v);
+        int rc = 3;
+        try {
+          rc = launch.entry(argv_s);
+        } catch (...) {
+        }
+        std::exit(rc);
+      }
       if (!e) ::execve(launch.exe.c_str(), argv.data(), envp.data()), e = errno;
       if (::write(status_pipe[1], &e, sizeof e) < 0) {
       }

@@ -58,6 +58,13 @@ struct RankLaunch {
   std::chrono::milliseconds deadline{60000};
   std::chrono::milliseconds grace{3000};  // after the first failure, before the rest are killed
   std::function<void()> while_waiting;    // if set, called between the sweeps over the running ranks
+  // The ranks' environment (besides CKV_RANK, CKV_WORLD and CKV_STORE); empty: this process's.
+  std::vector<std::string> environment;
+  // Where set, each rank runs entry({exe, args...}) in the forked child, its exit status what entry
+  // returns, instead of exec'ing exe: for a launcher that is single-threaded and has run nothing since
+  // its program started (RankForkServer, fork_server.hpp), so that the child is that program afresh
+  // without its start-up. Otherwise the child execs exe.
+  std::function<int(const std::vector<std::string>& argv)> entry;
 };
 
 std::vector<RankOutcome> run_ranks(const RankLaunch& launch);

@@ -1,6 +1,7 @@
-// verifier/tests/dist_rank.cpp: the rank program dist_tests starts through run_ranks (ranks.hpp). argv[1]
-// names the scenario; the rank writes what it found to <store dir>/result<rank>.txt and exits 0, or
-// exits nonzero with the reason on standard error.
+// verifier/tests/dist_rank.cpp: the rank program dist_tests starts through run_ranks (ranks.hpp), as the
+// program dist_rank (dist_rank_main.cpp) or, through a rank fork server, forked from dist_tests itself.
+// argv[1] names the scenario; the rank writes what it found to <store dir>/result<rank>.txt and exits
+// 0, or exits nonzero with the reason on standard error.
 #include <unistd.h>
 
 #include <csignal>
@@ -18,6 +19,7 @@
 #include "verifier/dist/rng_tracker.hpp"
 #include "verifier/model/model.hpp"
 #include "verifier/model/shard.hpp"
+#include "verifier/tests/dist_rank.hpp"
 
 using namespace ckv;
 using namespace ckv::dist;
@@ -580,7 +582,7 @@ int all_reduce_ranks(const RankEnv& env) {
 }
 }  // namespace
 
-int main(int argc, char** argv) {
+int dist_rank_main(int argc, char** argv) {
   try {
     if (argc < 2) throw std::runtime_error("usage: dist_rank SCENARIO [MODE]");
     const std::string scenario = argv[1];

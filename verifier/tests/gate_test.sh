@@ -343,6 +343,16 @@ expect 0 "--only shapes that vary across micro-batches" -- "$ck" check --cases 1
 expect 0 "check --only tp=2 on the builtin" -- "$ck" check --cases 6 -j 2 --only tp=2 --json tp2.json
 grep -q "^held  parallel-consistency on 6/6 cases" out.txt || { bad "tp=2: parallel-consistency not judged on every case"; cat out.txt; }
 grep -q "^held  collective-ledger on 6/6 cases" out.txt || { bad "tp=2: collective-ledger not judged on every case"; cat out.txt; }
+# Ranks exec'd afresh instead of forked by the worker's fork server: the same report.
+expect 0 "check --only tp=2, ranks exec'd" -- env CKV_RANK_FORK_SERVER=0 "$ck" check --cases 6 -j 2 --only tp=2 \
+  --json tp2-exec.json
+python3 - tp2.json tp2-exec.json <<'PY' || bad "tp=2: the report differs with ranks exec'd"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+for r in (a, b):
+    for k in ("elapsed_s", "command"): r.pop(k, None)
+sys.exit(a != b)
+PY
 expect 1 "a plugin that segfaults on ranks" -- env CKV_TEST_MARK=gate-tp-segv "$ck" check --impl "$mis:mode=segv" \
   --plan block --only tp=2 --cases 2 -j 2 --time-budget 20 --json tp-segv.json
 grep -q "^FAILED completes" out.txt || { bad "tp segv: headline"; cat out.txt; }
@@ -357,10 +367,13 @@ sleep 1
 pgrep -f "ckverify bench tp.json" >/dev/null && bad "bench tp segv: a rank outlived the run"
 # A rank killed from outside (a user, a service manager, the out-of-memory killer) is the environment's:
 # exit 2, one line, never the implementation's crash. outer_rank MARK WORD: the pid of a rank process (its
-# command line has WORD, its parent's has not) of the command run with CKV_TEST_MARK=MARK.
+# command line has WORD, its parent's has not; or its name, /proc/PID/comm, is WORD: check's ranks are
+# forked from the worker's rank fork server, with the worker's command line) of the command run with
+# CKV_TEST_MARK=MARK.
 outer_rank() {
   local p
   for p in $(grep -lsaF "CKV_TEST_MARK=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
+    [ "$(cat /proc/$p/comm 2>/dev/null)" = "$2" ] && { echo $p; return; }
     tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q -- "$2" || continue
     tr '\0' ' ' < /proc/$(awk '{print $4}' /proc/$p/stat 2>/dev/null)/cmdline 2>/dev/null | grep -q -- "$2" && continue
     echo $p; return
@@ -372,6 +385,9 @@ kill_rank_test() {  # kill_rank_test MARK WORD SIGNAL WHAT -- command...
   pid=$!
   for k in $(seq 300); do r=$(outer_rank $mark "$word"); [ -n "$r" ] && break; sleep 0.1; done
   [ -n "$r" ] || bad "$what: no rank process found to kill"
+  if [ "$word" = ckverify-rank ] && [ -n "$r" ]; then  # check's ranks come from the worker's fork server
+    [ "$(cat /proc/$(awk '{print $4}' /proc/$r/stat)/comm)" = ckv-rank-server ] || bad "$what: not forked by the server"
+  fi
   sleep 2; [ -n "$r" ] && kill -$sig $r; wait $pid; rc=$?
   [ $rc = 2 ] || { bad "$what: exit $rc, not 2"; cat out.txt err.txt; }
   grep -q "rank [01] was stopped by signal .* from outside ckverify" err.txt || { bad "$what: not named"; cat err.txt; }
@@ -383,7 +399,7 @@ kill_rank_test gate-bench-rank-kill "--as-rank" KILL "bench: a rank killed by SI
   "$ck" bench tp.json --impl "$mis:mode=hang" --plans block --repeats 2 --max-repeats 2 --verify-cases 0
 kill_rank_test gate-bench-rank-term "--as-rank" TERM "bench: a rank stopped by SIGTERM from outside" -- \
   "$ck" bench tp.json --impl "$mis:mode=hang" --plans block --repeats 2 --max-repeats 2 --verify-cases 0
-kill_rank_test gate-check-rank-term "rank --case" TERM "check: a rank stopped by SIGTERM from outside" -- \
+kill_rank_test gate-check-rank-term "ckverify-rank" TERM "check: a rank stopped by SIGTERM from outside" -- \
   "$ck" check --impl "$mis:mode=hang" --plan block --only tp=2 --cases 1 -j 1 --case-timeout 300
 expect 2 "train refuses a tp=2 Case" -- "$ck" train tp.json
 one_line_error "train of a tp=2 Case"

@@ -1,24 +1,82 @@
 // verifier/tests/test_dist.cpp: the multi-process substrate of tensor- and data-parallel Cases
 // (verifier/dist/): ranks joined over Gloo on 127.0.0.1, the tensor-parallel collectives against an
 // unsharded computation, the ledger under a checkpoint's recompute, and the launcher's accounting of
-// ranks that fail, crash, hang or leave processes behind. The ranks are dist_rank (dist_rank.cpp).
+// ranks that fail, crash, hang or leave processes behind. The ranks are dist_rank (dist_rank.cpp), exec'd,
+// or forked by a rank fork server (fork_server.hpp) started in this process before main.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "verifier/dist/collectives.hpp"
+#include "verifier/dist/fork_server.hpp"
 #include "verifier/dist/ranks.hpp"
 #include "verifier/dist/rng_tracker.hpp"
+#include "verifier/tests/dist_rank.hpp"
 
 namespace ckv::dist {
 namespace {
 namespace fs = std::filesystem;
+
+// What a rank forked by a fork server finds of itself (scenario "fork_facts"), one line: the pid of the
+// process that started the server (kept in memory: an exec'd program would not know it), its parent, its
+// descriptors, threads, two variables and SIGUSR1's disposition.
+pid_t creator_pid = 0;
+void on_usr1(int) {}
+int fork_facts() {
+  const RankEnv env = RankEnv::from_environment();
+  std::string fds;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    std::vector<int> open;
+    while (const dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.' && std::atoi(e->d_name) != ::dirfd(d)) open.push_back(std::atoi(e->d_name));
+    ::closedir(d);
+    std::sort(open.begin(), open.end());
+    for (int fd : open) fds += (fds.empty() ? "" : ",") + std::to_string(fd);
+  }
+  int threads = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/task")) threads += e.is_directory() ? 1 : 0;
+  struct sigaction usr1 {};
+  ::sigaction(SIGUSR1, nullptr, &usr1);
+  const char* late = std::getenv("CKV_TEST_LATE");
+  const std::string dir = env.store.substr(0, env.store.rfind('/'));
+  std::ofstream(dir + "/result" + std::to_string(env.rank) + ".txt")
+      << "creator=" << creator_pid << " parent=" << ::getppid() << " fds=" << fds << " threads=" << threads
+      << " late=" << (late ? late : "unset") << " gone=" << (std::getenv("CKV_TEST_GONE") ? "set" : "unset")
+      << " usr1=" << (usr1.sa_handler == SIG_DFL ? "default" : "handled") << " rank=" << env.rank
+      << " world=" << env.world << "\n";
+  return 0;
+}
+int server_entry(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "fork_facts") return fork_facts();
+  return dist_rank_main(argc, argv);
+}
+
+// Two servers, started before main while this process is single-threaded and has run nothing (as a
+// worker starts its own): `main` for the tests, `victim` to be killed. Before they start, a variable is
+// set and a SIGUSR1 handler installed that their ranks must not see.
+struct Servers {
+  std::unique_ptr<RankForkServer> main, victim;
+  Servers() {
+    creator_pid = ::getpid();
+    ::setenv("CKV_TEST_GONE", "1", 1);
+    std::signal(SIGUSR1, on_usr1);
+    main = RankForkServer::start(server_entry);
+    victim = RankForkServer::start(server_entry);
+    ::unsetenv("CKV_TEST_GONE");
+    std::signal(SIGUSR1, SIG_DFL);
+  }
+};
+Servers servers;
 
 class Dist : public ::testing::Test {
  protected:
@@ -38,7 +96,8 @@ class Dist : public ::testing::Test {
     l.dir = dir_.string();
     l.deadline = std::chrono::milliseconds(deadline_ms);
     l.grace = std::chrono::milliseconds(grace_ms);
-    return run_ranks(l);
+    l.while_waiting = [this] { ++waits_; };
+    return via_ ? via_->run(l) : run_ranks(l);
   }
   std::string result(int rank) const {
     std::ifstream in(dir_ / ("result" + std::to_string(rank) + ".txt"));
@@ -58,6 +117,8 @@ class Dist : public ::testing::Test {
     return s;
   }
   fs::path dir_;
+  RankForkServer* via_ = nullptr;  // the server that launches run()'s ranks; null: run_ranks here
+  int waits_ = 0;                  // while_waiting's calls
 };
 
 TEST_F(Dist, RanksJoinAndReduceAcrossProcesses) {
@@ -385,6 +446,88 @@ TEST_F(Dist, RefusedLaunches) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot start rank 0"), std::string::npos) << e.what();
   }
+}
+
+// A rank forked by the server is the program afresh, not a copy of the launcher as it is now: the
+// server's memory from when it started (the creator's pid, which an exec'd program would not know), no
+// descriptor but 0, 1 and 2, one thread, no handler the starter had installed, and the environment the
+// launcher has at the launch (a variable set since then is there, one unset since is not).
+TEST_F(Dist, AForkServerStartsEachRankAsTheProgramAfresh) {
+  ASSERT_NE(servers.main, nullptr) << "the fork server did not start";
+  via_ = servers.main.get();
+  ::setenv("CKV_TEST_LATE", "yes", 1);
+  const auto o = run({"fork_facts"}, 2);
+  ::unsetenv("CKV_TEST_LATE");
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(result(r), "creator=" + std::to_string(::getpid()) + " parent=" + std::to_string(via_->pid()) +
+                             " fds=0,1,2 threads=1 late=yes gone=unset usr1=default rank=" + std::to_string(r) +
+                             " world=2");
+}
+
+// Through the server the outcomes are run_ranks's own: collectives, a failure with its message, a crash
+// blamed on its rank, a hang killed at the deadline; while_waiting is called as the ranks run.
+TEST_F(Dist, AForkServersRanksAreAccountedForAsExecdOnes) {
+  ASSERT_NE(servers.main, nullptr);
+  via_ = servers.main.get();
+  expect_every_rank({"all_reduce"}, 2, "3");
+  EXPECT_GT(waits_, 0);
+  auto o = run({"fail"}, 2);
+  ASSERT_NE(first_failure(o), nullptr);
+  EXPECT_EQ(first_failure(o)->rank, 1);
+  EXPECT_EQ(first_failure(o)->code, 3);
+  EXPECT_NE(first_failure(o)->describe().find("planted failure"), std::string::npos) << describe(o);
+  o = run({"crash"}, 2, 60000, 1000);
+  ASSERT_NE(first_failure(o), nullptr);
+  EXPECT_EQ(first_failure(o)->rank, 1) << describe(o);
+  EXPECT_EQ(first_failure(o)->status, RankOutcome::Status::crashed);
+  EXPECT_EQ(first_failure(o)->code, SIGABRT);
+  o = run({"hang"}, 2, 3000);
+  EXPECT_EQ(o[0].status, RankOutcome::Status::ok) << describe(o);
+  EXPECT_EQ(o[1].status, RankOutcome::Status::timed_out) << describe(o);
+  EXPECT_THROW(run({"all_reduce"}, 0), std::invalid_argument);  // run_ranks's refusal, passed on
+  EXPECT_TRUE(via_->alive());
+}
+
+bool process_gone(int pid);
+
+// A server killed from outside takes its ranks with it: every rank reads as stopped by that signal from
+// outside (nothing judged), and launch_ranks execs the ranks itself from then on.
+TEST_F(Dist, AForkServerKilledFromOutsideTakesItsRanksAndIsNotUsedAgain) {
+  ASSERT_NE(servers.victim, nullptr);
+  const pid_t server = servers.victim->pid();
+  install_fork_server(std::move(servers.victim));
+  RankLaunch l;
+  l.exe = CKVERIFY_DIST_RANK;
+  l.args = {"sleep_pid"};
+  l.world = 2;
+  l.dir = dir_.string();
+  l.deadline = std::chrono::milliseconds(60000);
+  l.while_waiting = [&] {
+    if (!result(0).empty() && !result(1).empty()) ::kill(server, SIGKILL);
+  };
+  const auto o = launch_ranks(l);
+  ASSERT_EQ(o.size(), 2u);
+  for (const RankOutcome& r : o) EXPECT_EQ(r.outside_signal(), SIGKILL) << r.describe();
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(process_gone(std::stoi(result(r)))) << "rank " << r << " outlived the server";
+  ASSERT_NE(installed_fork_server(), nullptr);
+  EXPECT_FALSE(installed_fork_server()->alive());
+  fs::remove(dir_ / "result0.txt"), fs::remove(dir_ / "result1.txt");
+  l.args = {"all_reduce"};
+  l.while_waiting = nullptr;
+  const auto again = launch_ranks(l);
+  install_fork_server(nullptr);
+  EXPECT_EQ(first_failure(again), nullptr) << describe(again);
+  EXPECT_EQ(result(0), "3");
+}
+
+// With a second thread in the process a fork could copy a lock that thread holds: no server.
+TEST(RankForkServer, IsNotStartedInAProcessWithThreads) {
+  std::promise<void> done;
+  std::thread other([f = done.get_future()]() mutable { f.wait(); });
+  EXPECT_EQ(RankForkServer::start(server_entry), nullptr);
+  done.set_value();
+  other.join();
 }
 
 TEST(RngTracker, AStreamIsForkedOnceAtATime) {
