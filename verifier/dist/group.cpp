@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <cstring>
 #include <stdexcept>
 
 namespace ckv::dist {
@@ -115,6 +116,58 @@ std::vector<torch::Tensor> Group::all_gather(const torch::Tensor& t,
   std::vector<torch::Tensor> ins{in};
   wait_for(impl_->pg->allgather(out, ins), wait);
   return out[0];
+}
+
+std::vector<std::vector<torch::Tensor>> Group::all_gather_many(const std::vector<torch::Tensor>& ts) const {
+  // The lists first: their lengths (all_gather's own check), then every tensor's size and dtype.
+  std::vector<int64_t> sig{static_cast<int64_t>(ts.size())};
+  std::vector<torch::Tensor> host;
+  int64_t total = 0;
+  for (const torch::Tensor& t : ts) {
+    host.push_back(t.detach().to(torch::kCPU).contiguous());
+    sig.push_back(host.back().numel());
+    sig.push_back(static_cast<int64_t>(host.back().scalar_type()));
+    total += static_cast<int64_t>(host.back().nbytes());
+  }
+  const torch::Tensor mine = torch::tensor(sig, torch::kLong);
+  const std::vector<torch::Tensor> sigs = all_gather(mine);
+  for (int r = 0; r < size_; ++r) {
+    const torch::Tensor& theirs = sigs[static_cast<size_t>(r)];
+    if (torch::equal(theirs, mine)) continue;
+    const int64_t* a = mine.data_ptr<int64_t>();
+    const int64_t* b = theirs.data_ptr<int64_t>();
+    int64_t i = 1;
+    while (a[i] == b[i]) ++i;
+    const int64_t item = (i - 1) / 2;
+    auto type = [](int64_t code) { return std::string(c10::toString(static_cast<c10::ScalarType>(code))); };
+    throw std::invalid_argument("dist: all_gather_many in " + name_ + ": tensor " + std::to_string(item) + ": rank " +
+                                std::to_string(rank_) + " passes " + std::to_string(a[1 + 2 * item]) + " elements of " +
+                                type(a[2 + 2 * item]) + ", rank " + std::to_string(r) + " " +
+                                std::to_string(b[1 + 2 * item]) + " elements of type " + type(b[2 + 2 * item]));
+  }
+  // Then every tensor's bytes in one buffer (at least one byte: Gloo in LibTorch 1.13 divides by the
+  // element count), its size now known equal on every rank.
+  torch::Tensor buffer = torch::zeros({std::max<int64_t>(total, 1)}, torch::kUInt8);
+  uint8_t* at = buffer.data_ptr<uint8_t>();
+  for (const torch::Tensor& h : host) {
+    if (h.nbytes() > 0) std::memcpy(at, h.data_ptr(), h.nbytes());
+    at += h.nbytes();
+  }
+  std::vector<std::vector<torch::Tensor>> gathered(1);
+  for (int r = 0; r < size_; ++r) gathered[0].push_back(torch::empty_like(buffer));
+  std::vector<torch::Tensor> in{buffer};
+  impl_->pg->allgather(gathered, in)->wait();
+  std::vector<std::vector<torch::Tensor>> out(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    const uint8_t* from = gathered[0][static_cast<size_t>(r)].data_ptr<uint8_t>();
+    for (size_t i = 0; i < ts.size(); ++i) {
+      torch::Tensor t = torch::empty_like(host[i]);
+      if (t.nbytes() > 0) std::memcpy(t.data_ptr(), from, t.nbytes());
+      from += t.nbytes();
+      out[static_cast<size_t>(r)].push_back(t.to(ts[i].device()));
+    }
+  }
+  return out;
 }
 
 void Group::barrier() const {

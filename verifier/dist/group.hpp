@@ -42,6 +42,11 @@ class Group {
   // down, whose destructor waits for it).
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t,
                                         std::optional<std::chrono::milliseconds> wait = std::nullopt) const;
+  // Every rank's tensors, out[r][i] rank r's ts[i] (shaped as this rank's ts[i], on its device), in three
+  // collectives however many there are: a collective costs milliseconds when ranks share cores, so a
+  // list of tensors goes at once. Throws on every rank, naming the first difference, when the ranks pass
+  // lists of other lengths or tensors of other sizes or dtypes.
+  std::vector<std::vector<torch::Tensor>> all_gather_many(const std::vector<torch::Tensor>& ts) const;
   void barrier() const;
 
   struct Impl;

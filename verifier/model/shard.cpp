@@ -75,29 +75,26 @@ ParamSet shard_params(const ParamSet& full, int rank, int size) {
   return out;
 }
 
-namespace {
-// Every rank's `t` (bool) joined along `dim`. Gloo reduces and gathers numbers, not bools: sent as bytes.
-torch::Tensor gather_along(const dist::Group& tp, const torch::Tensor& t, int dim) {
-  const auto parts = tp.all_gather(t.to(torch::kUInt8).contiguous());
-  return torch::cat(parts, dim).to(torch::kBool);
-}
-}  // namespace
-
-std::vector<SiteCall> gather_site_calls(const dist::Group& tp, const std::vector<SiteCall>& calls) {
-  std::vector<SiteCall> out = calls;
-  for (SiteCall& c : out) {
+void gather_calls(const dist::Group& tp, std::vector<SiteCall>& sites, std::vector<ReluCall>& relu) {
+  // Gloo gathers numbers, not bools: the masks go as bytes, all in one exchange, and come back joined
+  // along their split dimension.
+  std::vector<torch::Tensor*> where;
+  std::vector<int> dims;
+  for (SiteCall& c : sites) {
     const int dim = site_shard_dim(c.site);
     if (dim < 0) continue;
-    if (c.mask.defined()) c.mask = gather_along(tp, c.mask, dim);
-    if (c.known.defined()) c.known = gather_along(tp, c.known, dim);
+    for (torch::Tensor* t : {&c.mask, &c.known})
+      if (t->defined()) where.push_back(t), dims.push_back(dim);
   }
-  return out;
-}
-
-std::vector<ReluCall> gather_relu_calls(const dist::Group& tp, const std::vector<ReluCall>& calls) {
-  std::vector<ReluCall> out = calls;
-  for (ReluCall& c : out) c.positive = gather_along(tp, c.positive, 2);  // (B,T,Dff): the hidden units
-  return out;
+  for (ReluCall& c : relu) where.push_back(&c.positive), dims.push_back(2);  // (B,T,Dff): the hidden units
+  std::vector<torch::Tensor> bytes;
+  for (const torch::Tensor* t : where) bytes.push_back(t->to(torch::kUInt8));
+  const auto all = tp.all_gather_many(bytes);
+  for (size_t i = 0; i < where.size(); ++i) {
+    std::vector<torch::Tensor> parts;
+    for (const auto& rank : all) parts.push_back(rank[i]);
+    *where[i] = torch::cat(parts, dims[i]).to(torch::kBool);
+  }
 }
 
 std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::vector<SiteCall>& calls,
@@ -108,9 +105,33 @@ std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::
     return "step " + std::to_string(c.step) + " micro " + std::to_string(c.micro) + " layer " +
            std::to_string(c.layer) + " " + std::string(to_string(c.site));
   };
+  // What the ranks compare, in one exchange (a collective costs milliseconds when ranks share cores):
+  // the first-forward masks (and, inside a region, which positions each rank knows), which replicated
+  // parameters hold a gradient on each rank, and their values; then the gradients every rank holds.
+  std::vector<std::pair<std::string, torch::Tensor>> replicated;
+  for (const auto& kv : model.named_params())
+    if (shard_dim(kv.first) < 0) replicated.push_back(kv);
+  std::vector<int64_t> has(replicated.size());
+  for (size_t i = 0; i < replicated.size(); ++i) has[i] = replicated[i].second.grad().defined() ? 1 : 0;
+  std::vector<torch::Tensor> first{torch::tensor(has, torch::kLong)};
+  std::vector<const SiteCall*> judged;
   for (const SiteCall& c : calls) {
     if (c.call != 0 || !c.mask.defined()) continue;
-    const auto masks = tp.all_gather(c.mask.to(torch::kUInt8).contiguous());
+    judged.push_back(&c);
+    first.push_back(c.mask.to(torch::kUInt8));
+    if (site_shard_dim(c.site) >= 0 && c.known.defined()) first.push_back(c.known.to(torch::kUInt8));
+  }
+  for (const auto& kv : replicated) first.push_back(kv.second.detach());
+  const auto got = tp.all_gather_many(first);
+  auto column = [&](size_t i) {
+    std::vector<torch::Tensor> v;
+    for (const auto& rank : got) v.push_back(rank.at(i));
+    return v;
+  };
+  size_t next = 1;
+  for (const SiteCall* cp : judged) {
+    const SiteCall& c = *cp;
+    const auto masks = column(next++);
     if (site_shard_dim(c.site) < 0) {
       for (size_t r = 1; r < masks.size(); ++r)
         if (!torch::equal(masks[r], masks[0])) {
@@ -120,7 +141,7 @@ std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::
       continue;
     }
     std::vector<torch::Tensor> known;
-    if (c.known.defined()) known = tp.all_gather(c.known.to(torch::kUInt8).contiguous());
+    if (c.known.defined()) known = column(next++);
     // Two independent masks agree at a position with probability q = p^2 + (1-p)^2.
     const double rate = p[static_cast<size_t>(c.site)];
     const double log_q = std::log(rate * rate + (1.0 - rate) * (1.0 - rate));
@@ -137,64 +158,80 @@ std::vector<std::string> parallel_consistency(const dist::Group& tp, const std::
   }
   // Replicated parameters and gradients: which ranks hold a gradient first (a collective over tensors
   // only some ranks have would not match), then the values.
-  std::vector<std::pair<std::string, torch::Tensor>> replicated;
-  for (const auto& kv : model.named_params())
-    if (shard_dim(kv.first) < 0) replicated.push_back(kv);
-  std::vector<uint8_t> has(replicated.size());
-  for (size_t i = 0; i < replicated.size(); ++i) has[i] = replicated[i].second.grad().defined();
-  const auto defined = tp.all_gather(torch::tensor(std::vector<int64_t>(has.begin(), has.end()), torch::kLong));
+  const std::vector<torch::Tensor> defined = column(0);
+  std::vector<bool> all_have(replicated.size());
+  std::vector<torch::Tensor> held;
   for (size_t i = 0; i < replicated.size(); ++i) {
-    bool all = true, any = false;
-    for (const auto& d : defined) {
-      const bool h = d[static_cast<int64_t>(i)].item<int64_t>() != 0;
-      all = all && h, any = any || h;
-    }
+    bool all = true;
+    for (const auto& d : defined) all = all && d[static_cast<int64_t>(i)].item<int64_t>() != 0;
+    all_have[i] = all;
+    if (all) held.push_back(replicated[i].second.grad());
+  }
+  const auto grads = held.empty() ? std::vector<std::vector<torch::Tensor>>() : tp.all_gather_many(held);
+  size_t g = 0;
+  for (size_t i = 0; i < replicated.size(); ++i) {
     const std::string& name = replicated[i].first;
-    const auto values = tp.all_gather(replicated[i].second.detach().contiguous());
+    const auto values = column(next++);
     for (size_t r = 1; r < values.size(); ++r)
       if (!torch::equal(values[r], values[0])) {
         out.push_back(name + ": replicated values differ between ranks 0 and " + std::to_string(r));
         break;
       }
-    if (!all) {
+    if (!all_have[i]) {
+      bool any = false;
+      for (const auto& d : defined) any = any || d[static_cast<int64_t>(i)].item<int64_t>() != 0;
       if (any) out.push_back(name + ": a gradient on some ranks only");
       continue;
     }
-    const auto grads = tp.all_gather(replicated[i].second.grad().contiguous());
     for (size_t r = 1; r < grads.size(); ++r)
-      if (!torch::equal(grads[r], grads[0])) {
+      if (!torch::equal(grads[r].at(g), grads[0].at(g))) {
         out.push_back(name + ": replicated gradients differ between ranks 0 and " + std::to_string(r));
         break;
       }
+    ++g;
   }
   return out;
 }
 
 std::vector<std::string> replica_consistency(const dist::Group& dp, const TransformerImpl& model) {
+  // Every parameter and whether it holds a gradient, in one exchange; then the gradients every replica
+  // holds, in another.
+  const auto params = model.named_params();
+  std::vector<torch::Tensor> first;
+  for (const auto& kv : params) {
+    first.push_back(kv.second.detach());
+    first.push_back(torch::tensor({kv.second.grad().defined() ? 1 : 0}, torch::kInt));
+  }
+  const auto got = dp.all_gather_many(first);
+  const size_t replicas = got.size();
+  std::vector<int> with(params.size(), 0);
+  std::vector<torch::Tensor> held;
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (const auto& rank : got) with[i] += rank.at(2 * i + 1).item<int>();
+    if (with[i] == static_cast<int>(replicas)) held.push_back(params[i].second.grad());
+  }
+  const auto grads = held.empty() ? std::vector<std::vector<torch::Tensor>>() : dp.all_gather_many(held);
   std::vector<std::string> out;
-  for (const auto& kv : model.named_params()) {
-    const torch::Tensor& p = kv.second;
-    const auto values = dp.all_gather(p.detach().contiguous());
-    for (size_t r = 1; r < values.size(); ++r)
-      if (!torch::equal(values[r], values[0])) {
-        out.push_back(kv.first + ": values differ between replicas 0 and " + std::to_string(r));
+  size_t g = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].first;
+    for (size_t r = 1; r < replicas; ++r)
+      if (!torch::equal(got[r].at(2 * i), got[0].at(2 * i))) {
+        out.push_back(name + ": values differ between replicas 0 and " + std::to_string(r));
         break;
       }
-    const auto defined = dp.all_gather(torch::tensor({p.grad().defined() ? 1 : 0}, torch::kInt));
-    int with = 0;
-    for (const auto& d : defined) with += d.item<int>();
-    if (with == 0) continue;
-    if (with != static_cast<int>(defined.size())) {
-      out.push_back(kv.first + ": a gradient on some replicas only");
+    if (with[i] == 0) continue;
+    if (with[i] != static_cast<int>(replicas)) {
+      out.push_back(name + ": a gradient on some replicas only");
       continue;
     }
-    const auto grads = dp.all_gather(p.grad().contiguous());
-    for (size_t r = 1; r < grads.size(); ++r)
-      if (!torch::equal(grads[r], grads[0])) {
-        out.push_back(kv.first + ": gradients differ between replicas 0 and " + std::to_string(r) +
+    for (size_t r = 1; r < replicas; ++r)
+      if (!torch::equal(grads[r].at(g), grads[0].at(g))) {
+        out.push_back(name + ": gradients differ between replicas 0 and " + std::to_string(r) +
                       " (a gradient the reducer did not average)");
         break;
       }
+    ++g;
   }
   return out;
 }

@@ -58,9 +58,9 @@ ParamSet shard_params(const ParamSet& full, int rank, int size);
 
 // The records of every tensor-parallel rank joined along their split dimension, in call order: the
 // unsharded model's masks and ReLU sides. Every rank of `tp` calls these with its own records of the
-// same sequence of calls (the same program); replicated sites come back as this rank's.
-std::vector<SiteCall> gather_site_calls(const dist::Group& tp, const std::vector<SiteCall>& calls);
-std::vector<ReluCall> gather_relu_calls(const dist::Group& tp, const std::vector<ReluCall>& calls);
+// same sequence of calls (the same program); replicated sites come back as this rank's. In place, in
+// one exchange.
+void gather_calls(const dist::Group& tp, std::vector<SiteCall>& sites, std::vector<ReluCall>& relu);
 
 // Parallel consistency of one tensor-parallel group after a run, from each rank's own records (every
 // rank of `tp` calls it; the lines come back the same on every rank, empty when it holds):

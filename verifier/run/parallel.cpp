@@ -103,13 +103,20 @@ std::vector<std::string> ParallelRun::strings(const std::string& mine) const {
 }
 
 ParamSet ParallelRun::gather(const ParamSet& shard) const {
-  // One collective for the whole set: every item's data, in order, then split again per rank.
-  std::vector<double> flat;
-  for (const NamedArray& a : shard.items) flat.insert(flat.end(), a.data.begin(), a.data.end());
-  std::vector<std::vector<double>> ranks = vectors(flat);
+  return join_shards(shard, vectors(flat(shard)));
+}
+
+std::vector<double> ParallelRun::flat(const ParamSet& shard) {
+  std::vector<double> out;
+  for (const NamedArray& a : shard.items) out.insert(out.end(), a.data.begin(), a.data.end());
+  return out;
+}
+
+ParamSet ParallelRun::join_shards(const ParamSet& shard, std::vector<std::vector<double>> ranks) const {
+  const std::vector<double> mine = flat(shard);
   ranks.resize(static_cast<size_t>(tp_));  // replica 0's tensor-parallel ranks
   for (const auto& r : ranks)
-    if (r.size() != flat.size()) throw std::runtime_error("parallel: the ranks hold parameter sets of other sizes");
+    if (r.size() != mine.size()) throw std::runtime_error("parallel: the ranks hold parameter sets of other sizes");
   ParamSet out;
   size_t offset = 0;
   for (const NamedArray& a : shard.items) {
@@ -316,6 +323,18 @@ bool ParallelRun::same_calls(const RunRecord& r) const {
   return true;
 }
 
+std::vector<std::vector<std::vector<double>>> ParallelRun::vectors_many(
+    const std::vector<std::vector<double>>& mine) const {
+  std::vector<std::vector<std::vector<double>>> out;
+  for (const std::vector<double>& theirs : vectors(flatten(mine))) {
+    out.push_back(unflatten(theirs));
+    if (out.back().size() != mine.size())
+      throw std::runtime_error("parallel: the ranks exchanged lists of " + std::to_string(mine.size()) + " and " +
+                               std::to_string(out.back().size()) + " vectors");
+  }
+  return out;
+}
+
 bool ParallelRun::gather(RunRecord& r) const {
   // Completion and the error: the lowest failing rank's, named.
   const bool completed = all(r.completed);
@@ -335,6 +354,51 @@ bool ParallelRun::gather(RunRecord& r) const {
   }
   const size_t steps = static_cast<size_t>(-max(-static_cast<double>(r.steps.size())));
   r.steps.resize(steps);
+  auto ints = [](const auto& v) { return std::vector<double>(v.begin(), v.end()); };
+  // Every step's numbers go in one exchange (a collective costs milliseconds when ranks share cores): for
+  // each step, kItems vectors in this order.
+  enum Item : size_t {
+    grads,
+    params_after,
+    optimizer,
+    batchnorm,
+    hook_input_max,
+    first_micro,
+    losses,
+    dx,
+    grad_defined,
+    hook_calls,
+    counter,
+    external,
+    cache_calls,
+    log,
+    kItems
+  };
+  std::vector<std::vector<double>> mine;
+  for (const StepRecord& s : r.steps) {
+    std::vector<std::vector<double>> items(kItems);
+    items[grads] = flat(s.grads), items[params_after] = flat(s.params_after);
+    items[optimizer] = flat(s.optimizer), items[batchnorm] = flat(s.ledger.batchnorm);
+    items[hook_input_max] = {s.hook_input_max}, items[first_micro] = {static_cast<double>(s.first_micro)};
+    items[losses] = s.losses, items[dx] = flatten(s.dx);
+    items[grad_defined] = ints(s.grad_defined), items[hook_calls] = ints(s.hook_calls);
+    items[counter] = ints(s.ledger.counter), items[external] = ints(s.ledger.external);
+    items[cache_calls] = ints(s.ledger.cache_calls);
+    items[log] = std::vector<double>(s.ledger.log.begin(), s.ledger.log.end());  // bytes as doubles: exact
+    for (auto& v : items) mine.push_back(std::move(v));
+  }
+  const std::vector<std::vector<std::vector<double>>> all_ranks = vectors_many(mine);
+  // Item `item` of step `step`: every rank's, or each replica's (its tensor-parallel rank 0's).
+  auto of_ranks = [&](size_t step, Item item) {
+    std::vector<std::vector<double>> out;
+    for (const auto& theirs : all_ranks) out.push_back(theirs.at(step * kItems + item));
+    return out;
+  };
+  auto of_replicas = [&](size_t step, Item item) {
+    std::vector<std::vector<double>> out;
+    for (int d = 0; d < dp_; ++d) out.push_back(all_ranks.at(static_cast<size_t>(d * tp_)).at(step * kItems + item));
+    return out;
+  };
   auto sum = [](const std::vector<std::vector<double>>& vs) {
     std::vector<double> out = vs.at(0);
     for (size_t k = 1; k < vs.size(); ++k)
@@ -346,54 +410,67 @@ bool ParallelRun::gather(RunRecord& r) const {
     for (const auto& v : vs) out.insert(out.end(), v.begin(), v.end());
     return out;
   };
-  auto ints = [](const auto& v) { return std::vector<double>(v.begin(), v.end()); };
-  for (StepRecord& s : r.steps) {
-    s.grads = gather(s.grads);
-    s.params_after = gather(s.params_after);
-    s.optimizer = gather(s.optimizer);
-    s.hook_input_max = max(s.hook_input_max);
-    s.first_micro = static_cast<int>(rank0({static_cast<double>(s.first_micro)}).at(0));
-    s.losses = join(replicas(s.losses));
-    std::vector<std::vector<double>> dx;
-    for (const auto& replica : replicas(flatten(s.dx)))
-      for (auto& v : unflatten(replica)) dx.push_back(std::move(v));
-    s.dx = std::move(dx);
-    std::vector<double> defined = rank0(ints(s.grad_defined));
+  for (size_t k = 0; k < steps; ++k) {
+    StepRecord& s = r.steps[k];
+    s.grads = join_shards(s.grads, of_ranks(k, grads));
+    s.params_after = join_shards(s.params_after, of_ranks(k, params_after));
+    s.optimizer = join_shards(s.optimizer, of_ranks(k, optimizer));
+    s.ledger.batchnorm = join_shards(s.ledger.batchnorm, of_ranks(k, batchnorm));  // replicated: rank 0's
+    for (const auto& v : of_ranks(k, hook_input_max)) s.hook_input_max = std::max(s.hook_input_max, v.at(0));
+    s.first_micro = static_cast<int>(of_ranks(k, first_micro).at(0).at(0));
+    s.losses = join(of_replicas(k, losses));
+    std::vector<std::vector<double>> xs;
+    for (const auto& replica : of_replicas(k, dx))
+      for (auto& v : unflatten(replica)) xs.push_back(std::move(v));
+    s.dx = std::move(xs);
+    const std::vector<double> defined = of_ranks(k, grad_defined).at(0);
     s.grad_defined.assign(defined.begin(), defined.end());
-    const std::vector<double> hooks = sum(replicas(ints(s.hook_calls)));
+    const std::vector<double> hooks = sum(of_replicas(k, hook_calls));
     s.hook_calls.assign(hooks.begin(), hooks.end());
-    s.ledger.batchnorm = gather(s.ledger.batchnorm);  // replicated: rank 0's (no BatchNorm under dp)
-    if (dp_ > 1) {                                    // every replica ran its own micro-batches' forwards
-      for (std::vector<int64_t>* count : {&s.ledger.counter, &s.ledger.external, &s.ledger.cache_calls}) {
-        const std::vector<double> total = sum(replicas(ints(*count)));
+    if (dp_ > 1) {  // every replica ran its own micro-batches' forwards
+      for (auto [count, item] : {std::pair{&s.ledger.counter, counter}, std::pair{&s.ledger.external, external},
+                                 std::pair{&s.ledger.cache_calls, cache_calls}}) {
+        const std::vector<double> total = sum(of_replicas(k, item));
         count->assign(total.begin(), total.end());
       }
       std::vector<std::string> logs;
-      const std::vector<std::string> all_logs = strings(s.ledger.log);
-      for (int d = 0; d < dp_; ++d) logs.push_back(all_logs.at(static_cast<size_t>(d * tp_)));
+      for (const auto& codes : of_replicas(k, log)) {
+        std::string text;
+        for (double d : codes) text += static_cast<char>(static_cast<int>(d));
+        logs.push_back(std::move(text));
+      }
       s.ledger.log = join_logs(logs);
     }
   }
   // The masks and ReLU sides are gathered call by call, so only where every rank made the same calls.
   const bool same = completed && same_calls(r);
-  if (same && tp_ > 1) {
-    r.sites = gather_site_calls(*tp_group_, r.sites);
-    r.relu = gather_relu_calls(*tp_group_, r.relu);
-  }
+  if (same && tp_ > 1) gather_calls(*tp_group_, r.sites, r.relu);
+  // Each replica's calls, in one exchange: the masks and ReLU sides where gathered, the noise and jitter
+  // where every rank completed, the segment calls always.
+  std::vector<std::vector<double>> calls{pack(r.segment_calls)};
+  if (same && dp_ > 1) calls.push_back(pack(r.sites)), calls.push_back(pack(r.relu));
+  if (completed && dp_ > 1) calls.push_back(pack(r.noise)), calls.push_back(pack(r.jitter));
+  const std::vector<std::vector<std::vector<double>>> theirs = vectors_many(calls);
+  auto replicas_of = [&](size_t item) {
+    std::vector<std::vector<double>> out;
+    for (int d = 0; d < dp_; ++d) out.push_back(theirs.at(static_cast<size_t>(d * tp_)).at(item));
+    return out;
+  };
+  std::vector<SegmentCallRecord> segments;
+  if (dp_ > 1)
+    segments = join_replicas<SegmentCallRecord>(replicas_of(0));
+  else
+    unpack(theirs.at(0).at(0), segments);
+  r.segment_calls = std::move(segments);
+  size_t next = 1;
   if (same && dp_ > 1) {
-    r.sites = join_replicas<SiteCall>(replicas(pack(r.sites)));
-    r.relu = join_replicas<ReluCall>(replicas(pack(r.relu)));
+    r.sites = join_replicas<SiteCall>(replicas_of(next++));
+    r.relu = join_replicas<ReluCall>(replicas_of(next++));
   }
   if (completed && dp_ > 1) {
-    r.noise = join_replicas<NoiseCall>(replicas(pack(r.noise)));
-    r.jitter = join_replicas<NoiseCall>(replicas(pack(r.jitter)));
+    r.noise = join_replicas<NoiseCall>(replicas_of(next++));
+    r.jitter = join_replicas<NoiseCall>(replicas_of(next++));
   }
-  std::vector<SegmentCallRecord> calls;
-  if (dp_ > 1)
-    calls = join_replicas<SegmentCallRecord>(replicas(pack(r.segment_calls)));
-  else
-    unpack(rank0(pack(r.segment_calls)), calls);
-  r.segment_calls = std::move(calls);
   return same;
 }
 

@@ -76,6 +76,8 @@ class ParallelRun {
   std::vector<std::string> strings(const std::string& mine) const;
   // Every rank's vector, in rank order (the sizes may differ).
   std::vector<std::vector<double>> vectors(const std::vector<double>& mine) const;
+  // Every rank's list of vectors (as long as this rank's), in rank order, in one exchange.
+  std::vector<std::vector<std::vector<double>>> vectors_many(const std::vector<std::vector<double>>& mine) const;
   // Rank 0's vector, on every rank.
   std::vector<double> rank0(const std::vector<double>& mine) const { return vectors(mine).at(0); }
 
@@ -101,6 +103,9 @@ class ParallelRun {
  private:
   // Each replica's copy of `mine` (the value of its tensor-parallel rank 0), in replica order.
   std::vector<std::vector<double>> replicas(const std::vector<double>& mine) const;
+  // A parameter set's numbers, item after item; and gather's join of every rank's (`ranks`, in rank order).
+  static std::vector<double> flat(const ParamSet& shard);
+  ParamSet join_shards(const ParamSet& shard, std::vector<std::vector<double>> ranks) const;
   std::shared_ptr<dist::Group> world_;
   int tp_ = 1, dp_ = 1, micro_count_ = 1;
   std::shared_ptr<dist::Group> tp_group_, dp_group_;

@@ -257,8 +257,9 @@ int tp_transformer(const RankEnv& env, const std::string& mode) {
     tap.set_context(0, 0, 1);
     loss.backward();
 
-    const std::vector<SiteCall> gathered = gather_site_calls(*world, tap.calls());
-    const std::vector<ReluCall> relu = gather_relu_calls(*world, tap.relu_calls());
+    std::vector<SiteCall> gathered = tap.calls();
+    std::vector<ReluCall> relu = tap.relu_calls();
+    gather_calls(*world, gathered, relu);
     const DropoutMasks masks = reference_masks(gathered, relu, tap.noise_calls(), tap.jitter_calls(), cfg, p, 0, 0);
     const ReferenceResult ref = reference_forward_backward(cfg, params, data, masks);
 
@@ -667,6 +668,42 @@ int dist_rank_main(int argc, char** argv) {
         write_result("reduced");
       } catch (const std::invalid_argument& e) {
         write_result(std::string(e.what()).find("elements") != std::string::npos ? "refused" : e.what());
+      }
+      return 0;
+    }
+    // A list of tensors of several dtypes and shapes (an empty one, bools, bf16) gathered at once; with
+    // "mismatch", rank r's second tensor has r + 2 elements; with "length", rank 1 passes one more.
+    if (scenario == "gather_many") {
+      const std::string mode = argc > 2 ? argv[2] : "equal";
+      auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+      auto list = [&](int r) {
+        std::vector<torch::Tensor> ts{torch::full({2, 3}, 1.5 + r, torch::kDouble),
+                                      torch::arange(5, torch::kInt) + r,
+                                      torch::empty({0}),
+                                      torch::tensor({r % 2 == 0, true, false}),
+                                      torch::full({4}, 0.25 * r, torch::kBFloat16),
+                                      torch::tensor(static_cast<int64_t>(r) << 40)};
+        if (mode == "mismatch") ts[1] = torch::arange(2 + r, torch::kInt);
+        if (mode == "length" && r == 1) ts.push_back(torch::ones({1}));
+        return ts;
+      };
+      try {
+        const auto all = world->all_gather_many(list(env.rank));
+        bool same = static_cast<int>(all.size()) == env.world;
+        for (int r = 0; same && r < env.world; ++r) {
+          const auto want = list(r);
+          same = all[static_cast<size_t>(r)].size() == want.size();
+          for (size_t i = 0; same && i < want.size(); ++i) {
+            const torch::Tensor& got = all[static_cast<size_t>(r)][i];
+            same = got.scalar_type() == want[i].scalar_type() && got.sizes() == want[i].sizes() &&
+                   torch::equal(got, want[i]);
+          }
+        }
+        write_result(same ? "gathered" : "wrong");
+      } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        const bool named = what.find(mode == "length" ? "elements" : "tensor 1:") != std::string::npos;
+        write_result(named ? "refused" : what);
       }
       return 0;
     }

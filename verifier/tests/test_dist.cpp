@@ -448,6 +448,15 @@ TEST_F(Dist, RefusedLaunches) {
   }
 }
 
+// Gloo gathers a list of tensors at once (three collectives): every dtype and shape comes back as it was
+// sent, from every rank; lists of other lengths, or a tensor of another size, are refused on every rank,
+// naming the difference.
+TEST_F(Dist, AListOfTensorsIsGatheredAtOnceOrRefused) {
+  expect_every_rank({"gather_many"}, 3, "gathered");
+  expect_every_rank({"gather_many", "mismatch"}, 2, "refused");
+  expect_every_rank({"gather_many", "length"}, 2, "refused");
+}
+
 // A rank forked by the server is the program afresh, not a copy of the launcher as it is now: the
 // server's memory from when it started (the creator's pid, which an exec'd program would not know), no
 // descriptor but 0, 1 and 2, one thread, no handler the starter had installed, and the environment the
@@ -471,6 +480,7 @@ TEST_F(Dist, AForkServersRanksAreAccountedForAsExecdOnes) {
   ASSERT_NE(servers.main, nullptr);
   via_ = servers.main.get();
   expect_every_rank({"all_reduce"}, 2, "3");
+  expect_every_rank({"gather_many"}, 2, "gathered");
   EXPECT_GT(waits_, 0);
   auto o = run({"fail"}, 2);
   ASSERT_NE(first_failure(o), nullptr);
