@@ -27,6 +27,7 @@
 #include "verifier/cli/output.hpp"
 #include "verifier/cli/scratch.hpp"
 #include "verifier/cli/search.hpp"
+#include "verifier/dist/fd_lines.hpp"
 #include "verifier/dist/fork_server.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/progress.hpp"
@@ -69,22 +70,7 @@ void report_baseline(int done, int of, double seconds) {
             progress_prefix + json{{"baseline", {{"done", done}, {"of", of}, {"s", seconds}}}}.dump() + "\n");
 }
 
-// Reads one line from fd (without the newline); false at end of file.
-bool read_line(int fd, std::string& buffer, std::string& line) {
-  for (;;) {
-    const size_t nl = buffer.find('\n');
-    if (nl != std::string::npos) {
-      line = buffer.substr(0, nl);
-      buffer.erase(0, nl + 1);
-      return true;
-    }
-    char chunk[65536];
-    const ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    buffer.append(chunk, static_cast<size_t>(n));
-  }
-}
+using dist::read_line;
 
 void kill_own_group(int) {
   // The worker leads its process group (the parent starts it so): what the implementation forked dies

@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "verifier/dist/fd_lines.hpp"
+
 extern char** environ;
 
 namespace ckv::dist {
@@ -43,23 +45,6 @@ bool write_all(int fd, const std::string& s) {
     done += static_cast<size_t>(n);
   }
   return true;
-}
-
-// One line from fd into `line` (without the newline); false at end of file or on an error.
-bool read_line(int fd, std::string& buffer, std::string& line) {
-  for (;;) {
-    const size_t nl = buffer.find('\n');
-    if (nl != std::string::npos) {
-      line = buffer.substr(0, nl);
-      buffer.erase(0, nl + 1);
-      return true;
-    }
-    char chunk[65536];
-    const ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    buffer.append(chunk, static_cast<size_t>(n));
-  }
 }
 
 const char* status_name(RankOutcome::Status s) {

@@ -87,14 +87,19 @@ class Dist : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
-  std::vector<RankOutcome> run(const std::vector<std::string>& args, int world, int deadline_ms = 60000,
-                               int grace_ms = 3000) {
+  // dist_rank `args` on `world` ranks in this test's directory.
+  RankLaunch launch(const std::vector<std::string>& args, int world, int deadline_ms = 60000) const {
     RankLaunch l;
     l.exe = CKVERIFY_DIST_RANK;
     l.args = args;
     l.world = world;
     l.dir = dir_.string();
     l.deadline = std::chrono::milliseconds(deadline_ms);
+    return l;
+  }
+  std::vector<RankOutcome> run(const std::vector<std::string>& args, int world, int deadline_ms = 60000,
+                               int grace_ms = 3000) {
+    RankLaunch l = launch(args, world, deadline_ms);
     l.grace = std::chrono::milliseconds(grace_ms);
     l.while_waiting = [this] { ++waits_; };
     return via_ ? via_->run(l) : run_ranks(l);
@@ -401,12 +406,7 @@ TEST_F(Dist, CreateGraphThroughARegionIsRefusedNotFirstOrder) {
 TEST_F(Dist, TheRanksDieWithTheProcessThatStartedThem) {
   const pid_t starter = ::fork();
   if (starter == 0) {
-    RankLaunch l;
-    l.exe = CKVERIFY_DIST_RANK;
-    l.args = {"sleep_pid"};
-    l.world = 2;
-    l.dir = dir_.string();
-    l.deadline = std::chrono::milliseconds(120000);
+    const RankLaunch l = launch({"sleep_pid"}, 2, 120000);
     try {
       run_ranks(l);
     } catch (...) {
@@ -507,12 +507,7 @@ TEST_F(Dist, AForkServerKilledFromOutsideTakesItsRanksAndIsNotUsedAgain) {
   ASSERT_NE(servers.victim, nullptr);
   const pid_t server = servers.victim->pid();
   install_fork_server(std::move(servers.victim));
-  RankLaunch l;
-  l.exe = CKVERIFY_DIST_RANK;
-  l.args = {"sleep_pid"};
-  l.world = 2;
-  l.dir = dir_.string();
-  l.deadline = std::chrono::milliseconds(60000);
+  RankLaunch l = launch({"sleep_pid"}, 2);
   l.while_waiting = [&] {
     if (!result(0).empty() && !result(1).empty()) ::kill(server, SIGKILL);
   };
