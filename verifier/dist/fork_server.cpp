@@ -47,6 +47,37 @@ bool write_all(int fd, const std::string& s) {
   return true;
 }
 
+// Strings cross the channel as hex: a path, a variable or a rank's standard error need not be UTF-8,
+// which JSON strings must be, and each must arrive byte for byte.
+std::string hex(const std::string& s) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) out += digits[c >> 4], out += digits[c & 15];
+  return out;
+}
+std::string unhex(const json& j) {
+  const std::string h = j.get<std::string>();
+  auto value = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw std::runtime_error("dist: a malformed string on the fork server's channel");
+  };
+  if (h.size() % 2 != 0) throw std::runtime_error("dist: a malformed string on the fork server's channel");
+  std::string out;
+  for (size_t i = 0; i < h.size(); i += 2) out += static_cast<char>(value(h[i]) * 16 + value(h[i + 1]));
+  return out;
+}
+json hex_all(const std::vector<std::string>& v) {
+  json out = json::array();
+  for (const std::string& s : v) out.push_back(hex(s));
+  return out;
+}
+std::vector<std::string> unhex_all(const json& j) {
+  std::vector<std::string> out;
+  for (const json& s : j) out.push_back(unhex(s));
+  return out;
+}
+
 const char* status_name(RankOutcome::Status s) {
   switch (s) {
     case RankOutcome::Status::ok:
@@ -75,13 +106,13 @@ std::string serve_one(const std::string& request, int fd, RankForkServer::Entry 
   try {
     const json j = json::parse(request);
     RankLaunch l;
-    l.exe = j.at("exe").get<std::string>();
-    l.args = j.at("args").get<std::vector<std::string>>();
+    l.exe = unhex(j.at("exe"));
+    l.args = unhex_all(j.at("args"));
     l.world = j.at("world").get<int>();
-    l.dir = j.at("dir").get<std::string>();
+    l.dir = unhex(j.at("dir"));
     l.deadline = std::chrono::milliseconds(j.at("deadline_ms").get<int64_t>());
     l.grace = std::chrono::milliseconds(j.at("grace_ms").get<int64_t>());
-    l.environment = j.at("env").get<std::vector<std::string>>();
+    l.environment = unhex_all(j.at("env"));
     l.entry = [fd, entry](const std::vector<std::string>& argv) {
       ::close(fd);  // the rank holds nothing of the server's
       std::vector<std::string> copy = argv;
@@ -95,15 +126,15 @@ std::string serve_one(const std::string& request, int fd, RankForkServer::Entry 
       out.push_back({{"rank", o.rank},
                      {"status", status_name(o.status)},
                      {"code", o.code},
-                     {"tail", o.stderr_tail},
+                     {"tail", hex(o.stderr_tail)},
                      {"ended", o.ended}});
-    return json{{"outcomes", out}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    return json{{"outcomes", out}}.dump();
   } catch (const std::invalid_argument& e) {
-    return json{{"error", e.what()}, {"type", "invalid_argument"}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    return json{{"error", hex(e.what())}, {"type", "invalid_argument"}}.dump();
   } catch (const std::logic_error& e) {
-    return json{{"error", e.what()}, {"type", "logic_error"}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    return json{{"error", hex(e.what())}, {"type", "logic_error"}}.dump();
   } catch (const std::exception& e) {
-    return json{{"error", e.what()}, {"type", "runtime_error"}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    return json{{"error", hex(e.what())}, {"type", "runtime_error"}}.dump();
   }
 }
 
@@ -187,15 +218,12 @@ std::vector<RankOutcome> RankForkServer::run(const RankLaunch& launch) {
   if (fd_ < 0) throw std::logic_error("dist: the rank fork server is gone");
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  const json request{{"exe", launch.exe},
-                     {"args", launch.args},
-                     {"world", launch.world},
-                     {"dir", launch.dir},
-                     {"deadline_ms", launch.deadline.count()},
-                     {"grace_ms", launch.grace.count()},
-                     {"env", env}};
+  const json request{
+      {"exe", hex(launch.exe)}, {"args", hex_all(launch.args)},           {"world", launch.world},
+      {"dir", hex(launch.dir)}, {"deadline_ms", launch.deadline.count()}, {"grace_ms", launch.grace.count()},
+      {"env", hex_all(env)}};
   std::string line;
-  bool got = write_all(fd_, request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
+  bool got = write_all(fd_, request.dump() + "\n");
   while (got) {
     const size_t nl = buffer_.find('\n');
     if (nl != std::string::npos) {
@@ -246,7 +274,7 @@ std::vector<RankOutcome> RankForkServer::run(const RankLaunch& launch) {
   }
   const json j = json::parse(line, nullptr, false);
   if (j.is_object() && j.contains("error") && j["error"].is_string()) {
-    const std::string what = j["error"].get<std::string>(), type = j.value("type", std::string());
+    const std::string what = unhex(j["error"]), type = j.value("type", std::string());
     if (type == "invalid_argument") throw std::invalid_argument(what);
     if (type == "logic_error") throw std::logic_error(what);
     throw std::runtime_error(what);
@@ -259,7 +287,7 @@ std::vector<RankOutcome> RankForkServer::run(const RankLaunch& launch) {
     r.rank = o.at("rank").get<int>();
     r.status = status_named(o.at("status").get<std::string>());
     r.code = o.at("code").get<int>();
-    r.stderr_tail = o.at("tail").get<std::string>();
+    r.stderr_tail = unhex(o.at("tail"));
     r.ended = o.at("ended").get<int>();
     out.push_back(std::move(r));
   }

@@ -460,17 +460,17 @@ TEST_F(Dist, AListOfTensorsIsGatheredAtOnceOrRefused) {
 // A rank forked by the server is the program afresh, not a copy of the launcher as it is now: the
 // server's memory from when it started (the creator's pid, which an exec'd program would not know), no
 // descriptor but 0, 1 and 2, one thread, no handler the starter had installed, and the environment the
-// launcher has at the launch (a variable set since then is there, one unset since is not).
+// launcher has at the launch (a variable set since then is there, byte for byte, one unset since is not).
 TEST_F(Dist, AForkServerStartsEachRankAsTheProgramAfresh) {
   ASSERT_NE(servers.main, nullptr) << "the fork server did not start";
   via_ = servers.main.get();
-  ::setenv("CKV_TEST_LATE", "yes", 1);
+  ::setenv("CKV_TEST_LATE", "yes\xff", 1);  // not UTF-8: it must arrive byte for byte
   const auto o = run({"fork_facts"}, 2);
   ::unsetenv("CKV_TEST_LATE");
   ASSERT_EQ(first_failure(o), nullptr) << describe(o);
   for (int r = 0; r < 2; ++r)
     EXPECT_EQ(result(r), "creator=" + std::to_string(::getpid()) + " parent=" + std::to_string(via_->pid()) +
-                             " fds=0,1,2 threads=1 late=yes gone=unset usr1=default rank=" + std::to_string(r) +
+                             " fds=0,1,2 threads=1 late=yes\xff gone=unset usr1=default rank=" + std::to_string(r) +
                              " world=2");
 }
 
