@@ -64,7 +64,14 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
   // a run under test that hangs by it (cli/workers.cpp).
   if (const BaselineProgress report = get_baseline_progress())
     launch.while_waiting = ProgressRelay{report, rank_progress_path(tmpl), {}, {}};
-  const std::vector<dist::RankOutcome> outcomes = dist::launch_ranks(launch);
+  std::vector<dist::RankOutcome> outcomes;
+  try {
+    outcomes = dist::launch_ranks(launch);
+  } catch (const dist::ForkServerKilled& e) {
+    throw EnvironmentError(std::string(e.what()) +
+                           " from outside ckverify (a user, a service manager or the kernel's out-of-memory "
+                           "killer); nothing was judged");
+  }
   std::vector<json> answers(static_cast<size_t>(c.ranks()));  // what each rank wrote; null where nothing
   for (int r = 0; r < c.ranks(); ++r) {
     std::ifstream in(rank_answer_path(tmpl, r));

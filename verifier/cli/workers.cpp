@@ -125,7 +125,9 @@ int worker_main(const std::string& impl, int threads, int (*program)(int argc, c
     answer("0", error(e.what(), "usage"));
     return 0;
   }
-  answer("0", R"({"ready":true})");
+  // The ready answer names the rank fork server: stopped from outside, it holds up the worker's Case.
+  const dist::RankForkServer* server = dist::installed_fork_server();
+  answer("0", json{{"ready", true}, {"rank_server", server ? server->pid() : 0}}.dump());
   std::string line;
   while (read_line(request_fd, buffer, line)) {
     const size_t space = line.find(' ');
@@ -146,6 +148,7 @@ int worker_main(const std::string& impl, int threads, int (*program)(int argc, c
 
 struct WorkerPool::Worker {
   pid_t pid = -1;
+  pid_t rank_server = 0;   // its rank fork server (dist/fork_server.hpp), 0 if none
   int to = -1, from = -1;  // request pipe (write end), answer pipe (read end)
   int err = -1;            // the read end of its standard output and error (containment.hpp)
   std::string buffer;
@@ -350,7 +353,11 @@ bool WorkerPool::start(Worker& w, Clock::time_point deadline) {
   for (;;) {
     if (auto line = take_line(w.buffer)) {
       const auto j = payload(*line, w.token, 0);
-      if (j && j->contains("ready")) return true;
+      if (j && j->contains("ready")) {
+        if (j->contains("rank_server") && (*j)["rank_server"].is_number_integer())
+          w.rank_server = (*j)["rank_server"].get<pid_t>();
+        return true;
+      }
       std::string why = j && j->contains("error") && (*j)["error"].is_string()
                             ? (*j)["error"].get<std::string>()
                             : "while loading, the implementation " + forged(*line);
@@ -535,8 +542,10 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
       for (Worker* w : busy) w->deadline += now - expected_wake;
     for (size_t k = 0; k < busy.size(); ++k) {
       Worker& w = *busy[k];
-      // A worker stopped on its own (SIGSTOP to it, a debugger) does not spend its Case's time.
-      if (process_stopped(w.pid)) w.deadline += now - w.checked;
+      // A worker, or its rank fork server, stopped on its own (SIGSTOP to it, a debugger) does not spend
+      // its Case's time.
+      if (process_stopped(w.pid) || (w.rank_server > 0 && process_stopped(w.rank_server)))
+        w.deadline += now - w.checked;
       w.checked = now;
       if (n > 0 && polls[k].revents != 0) {
         if (!read_some(w.from, w.buffer)) {  // the worker died with the Case

@@ -254,18 +254,11 @@ std::vector<RankOutcome> RankForkServer::run(const RankLaunch& launch) {
     const pid_t was = pid_;
     pid_ = -1;
     const int sig = reaped == was && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    if (sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
-      std::vector<RankOutcome> out(static_cast<size_t>(std::max(1, launch.world)));
-      for (size_t r = 0; r < out.size(); ++r) {
-        out[r].rank = static_cast<int>(r);
-        out[r].status = RankOutcome::Status::crashed;
-        out[r].code = sig;
-        out[r].ended = static_cast<int>(r);
-        out[r].stderr_tail = "its launcher, ckverify's rank fork server (pid " + std::to_string(was) +
-                             "), was killed by signal " + std::to_string(sig);
-      }
-      return out;
-    }
+    if (sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
+      throw ForkServerKilled("ckverify's rank fork server (pid " + std::to_string(was) + "), which ran the " +
+                                 std::to_string(launch.world) + " ranks, was stopped by signal " + std::to_string(sig) +
+                                 " (" + ::strsignal(sig) + ")",
+                             sig);
     throw std::runtime_error("dist: ckverify's rank fork server (pid " + std::to_string(was) + ") ended " +
                              (reaped != was         ? std::string("unaccounted for")
                               : WIFSIGNALED(status) ? "by signal " + std::to_string(WTERMSIG(status))

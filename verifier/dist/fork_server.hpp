@@ -15,10 +15,18 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 #include "verifier/dist/ranks.hpp"
 
 namespace ckv::dist {
+
+// The server was killed from outside while it ran ranks: what() names it and the signal.
+struct ForkServerKilled : std::runtime_error {
+  ForkServerKilled(const std::string& what, int signal) : std::runtime_error(what), signal(signal) {}
+  int signal;
+};
 
 class RankForkServer {
  public:
@@ -33,8 +41,9 @@ class RankForkServer {
 
   // run_ranks(launch) in the server, launch.while_waiting called here while it runs (its `entry` and
   // `environment` are set by the server: this process's environment now). Throws what run_ranks throws
-  // there (its message), and EnvironmentError where the server is gone (killed from outside: the ranks
-  // died with it, so nothing was judged); alive() is false from then on.
+  // there (its message); ForkServerKilled where the server was killed by SIGKILL, SIGTERM, SIGINT or
+  // SIGHUP (which nothing of ckverify's sends it: from outside; its ranks died with it, so nothing was
+  // judged), std::runtime_error where it ended otherwise (a ckverify bug). alive() is false from then on.
   std::vector<RankOutcome> run(const RankLaunch& launch);
   bool alive() const { return fd_ >= 0; }
   pid_t pid() const { return pid_; }

@@ -390,7 +390,8 @@ kill_rank_test() {  # kill_rank_test MARK WORD SIGNAL WHAT -- command...
   fi
   sleep 2; [ -n "$r" ] && kill -$sig $r; wait $pid; rc=$?
   [ $rc = 2 ] || { bad "$what: exit $rc, not 2"; cat out.txt err.txt; }
-  grep -q "rank [01] was stopped by signal .* from outside ckverify" err.txt || { bad "$what: not named"; cat err.txt; }
+  grep -Eq "(rank [01]|rank fork server \(pid [0-9]+\), which ran the 2 ranks,) was stopped by signal .* from outside ckverify" \
+    err.txt || { bad "$what: not named"; cat err.txt; }
   grep -q "^FAIL" out.txt && { bad "$what: blamed on the implementation"; cat out.txt; }
   [ "$(grep -c '^ckverify' err.txt)" = 1 ] || { bad "$what: not one error line"; cat err.txt; }
   sleep 1; alive_marked $mark && bad "$what: a rank outlived the run"
@@ -401,6 +402,20 @@ kill_rank_test gate-bench-rank-term "--as-rank" TERM "bench: a rank stopped by S
   "$ck" bench tp.json --impl "$mis:mode=hang" --plans block --repeats 2 --max-repeats 2 --verify-cases 0
 kill_rank_test gate-check-rank-term "ckverify-rank" TERM "check: a rank stopped by SIGTERM from outside" -- \
   "$ck" check --impl "$mis:mode=hang" --plan block --only tp=2 --cases 1 -j 1 --case-timeout 300
+kill_rank_test gate-check-server-kill "ckv-rank-server" KILL "check: the rank fork server killed from outside" -- \
+  "$ck" check --impl "$mis:mode=hang" --plan block --only tp=2 --cases 1 -j 1 --case-timeout 300
+grep -q "rank fork server" err.txt || { bad "the killed fork server: not named"; cat err.txt; }
+# A rank fork server stopped from outside (SIGSTOP) holds up its worker's Case without spending the
+# Case's time, as a stopped worker does: continued after twice the per-case timeout, the run passes.
+env CKV_TEST_MARK=gate-server-stop "$ck" check --only tp=2 --cases 20 -j 1 --case-timeout 4 >out.txt 2>err.txt &
+pid=$!
+server=""
+for k in $(seq 300); do server=$(outer_rank gate-server-stop ckv-rank-server); [ -n "$server" ] && break; sleep 0.1; done
+if [ -z "$server" ]; then bad "stopped server: no server found"; else
+  kill -STOP "$server"; sleep 8; kill -CONT "$server"
+fi
+wait $pid; rc=$?
+[ $rc = 0 ] || { bad "stopped server: exit $rc, not 0"; cat out.txt err.txt; }
 expect 2 "train refuses a tp=2 Case" -- "$ck" train tp.json
 one_line_error "train of a tp=2 Case"
 grep -q "runs as ranks" err.txt || { bad "train tp=2: the reason"; cat err.txt; }

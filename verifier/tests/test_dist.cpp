@@ -501,8 +501,8 @@ TEST_F(Dist, AForkServersRanksAreAccountedForAsExecdOnes) {
 
 bool process_gone(int pid);
 
-// A server killed from outside takes its ranks with it: every rank reads as stopped by that signal from
-// outside (nothing judged), and launch_ranks execs the ranks itself from then on.
+// A server killed from outside takes its ranks with it and says so (ForkServerKilled: nothing judged),
+// and launch_ranks execs the ranks itself from then on.
 TEST_F(Dist, AForkServerKilledFromOutsideTakesItsRanksAndIsNotUsedAgain) {
   ASSERT_NE(servers.victim, nullptr);
   const pid_t server = servers.victim->pid();
@@ -511,9 +511,14 @@ TEST_F(Dist, AForkServerKilledFromOutsideTakesItsRanksAndIsNotUsedAgain) {
   l.while_waiting = [&] {
     if (!result(0).empty() && !result(1).empty()) ::kill(server, SIGKILL);
   };
-  const auto o = launch_ranks(l);
-  ASSERT_EQ(o.size(), 2u);
-  for (const RankOutcome& r : o) EXPECT_EQ(r.outside_signal(), SIGKILL) << r.describe();
+  try {
+    launch_ranks(l);
+    ADD_FAILURE() << "a killed server went unreported";
+  } catch (const ForkServerKilled& e) {
+    EXPECT_EQ(e.signal, SIGKILL);
+    EXPECT_NE(std::string(e.what()).find("rank fork server (pid " + std::to_string(server) + ")"), std::string::npos)
+        << e.what();
+  }
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(process_gone(std::stoi(result(r)))) << "rank " << r << " outlived the server";
   ASSERT_NE(installed_fork_server(), nullptr);
   EXPECT_FALSE(installed_fork_server()->alive());
