@@ -244,8 +244,8 @@ std::vector<RankOutcome> RankForkServer::run(const RankLaunch& launch) {
     if (got && launch.while_waiting) launch.while_waiting();
   }
   if (!got) {
-    // The server is gone, and the ranks with it (PR_SET_PDEATHSIG). Killed from outside: every rank
-    // stopped so (RankOutcome::outside_signal: nothing judged); anything else is ckverify's own failure.
+    // The server is gone, and the ranks with it (PR_SET_PDEATHSIG). Killed from outside: ForkServerKilled
+    // (nothing judged); anything else is ckverify's own failure.
     lost();
     int status = 0;
     pid_t reaped;
