@@ -52,12 +52,6 @@ RunGroups ParallelRun::run_groups() const {
   return g;
 }
 
-std::vector<std::vector<double>> ParallelRun::replicas(const std::vector<double>& mine) const {
-  std::vector<std::vector<double>> all = vectors(mine), out;
-  for (int d = 0; d < dp_; ++d) out.push_back(std::move(all.at(static_cast<size_t>(d * tp_))));
-  return out;
-}
-
 bool ParallelRun::all(bool mine, std::optional<std::chrono::milliseconds> wait) const {
   for (const torch::Tensor& t : world_->all_gather(torch::tensor({mine ? 1 : 0}, torch::kInt), wait))
     if (t.item<int>() == 0) return false;
@@ -100,10 +94,6 @@ std::vector<std::string> ParallelRun::strings(const std::string& mine) const {
     out.push_back(std::move(s));
   }
   return out;
-}
-
-ParamSet ParallelRun::gather(const ParamSet& shard) const {
-  return join_shards(shard, vectors(flat(shard)));
 }
 
 std::vector<double> ParallelRun::flat(const ParamSet& shard) {

@@ -81,10 +81,6 @@ class ParallelRun {
   // Rank 0's vector, on every rank.
   std::vector<double> rank0(const std::vector<double>& mine) const { return vectors(mine).at(0); }
 
-  // The unsharded parameters from every tensor-parallel rank's shard of replica 0 (model/shard.hpp,
-  // shard_dim; optimizer moments "exp_avg.NAME" split as NAME): split ones joined along their dimension,
-  // replicated ones rank 0's. (The replicas hold the same values: parallel-consistency judges that.)
-  ParamSet gather(const ParamSet& shard) const;
   // Whether the tensor-parallel ranks of every replica recorded the same sequence of dropout and ReLU
   // calls at the same shapes (the same program): what gathering the masks, and comparing them across
   // ranks, needs.
@@ -101,10 +97,12 @@ class ParallelRun {
   bool gather(RunRecord& r) const;
 
  private:
-  // Each replica's copy of `mine` (the value of its tensor-parallel rank 0), in replica order.
-  std::vector<std::vector<double>> replicas(const std::vector<double>& mine) const;
-  // A parameter set's numbers, item after item; and gather's join of every rank's (`ranks`, in rank order).
+  // A parameter set's numbers, item after item.
   static std::vector<double> flat(const ParamSet& shard);
+  // The unsharded parameters from every rank's numbers of `shard` (`ranks`, flat, in rank order): from the
+  // tensor-parallel ranks of replica 0 (model/shard.hpp, shard_dim; optimizer moments "exp_avg.NAME" split
+  // as NAME), split ones joined along their dimension, replicated ones rank 0's. (The replicas hold the
+  // same values: parallel-consistency judges that.)
   ParamSet join_shards(const ParamSet& shard, std::vector<std::vector<double>> ranks) const;
   std::shared_ptr<dist::Group> world_;
   int tp_ = 1, dp_ = 1, micro_count_ = 1;
