@@ -34,18 +34,30 @@ class Group {
   int size() const { return size_; }
   const std::string& name() const { return name_; }
 
-  // Collectives throw on every rank when the ranks pass tensors of other sizes or dtypes.
-  // In place; t must be contiguous. bf16 and fp16 are summed in fp32 and rounded once.
+  // Collectives throw on every rank when the ranks pass tensors of other sizes or dtypes, or are not in
+  // the same collective (one in all_reduce_sum_, another in all_gather).
+  //
+  // In place; t must be contiguous. bf16 and fp16 are summed in fp32 and rounded once. A tensor whose
+  // bytes and size fit in kInlineBytes travels with its check, in one collective, and every rank sums
+  // the ranks' tensors in rank order (((r0 + r1) + r2) + ...), so the ranks hold the same sum (on two
+  // ranks, Gloo's); a larger one goes to Gloo's all-reduce after its check.
   void all_reduce_sum_(torch::Tensor& t) const;
+  // Every rank's bytes, in rank order; the ranks may pass other lengths. One collective when each
+  // rank's fit in kInlineBytes, two otherwise (the second as long as the longest).
+  std::vector<std::string> all_gather_bytes(const std::string& mine,
+                                            std::optional<std::chrono::milliseconds> wait = std::nullopt) const;
+  // What the first collective of an exchange carries per rank: a collective costs milliseconds when
+  // ranks share cores, whatever its size, and the models' tensors are small.
+  static constexpr int64_t kInlineBytes = 16384 - 16;
   // Every rank's t, in rank order. `wait`: how long this rank waits for the others before it throws, if not
   // the group's timeout (the collective then stays pending: the process must end without tearing the group
   // down, whose destructor waits for it).
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t,
                                         std::optional<std::chrono::milliseconds> wait = std::nullopt) const;
-  // Every rank's tensors, out[r][i] rank r's ts[i] (shaped as this rank's ts[i], on its device), in three
-  // collectives however many there are: a collective costs milliseconds when ranks share cores, so a
-  // list of tensors goes at once. Throws on every rank, naming the first difference, when the ranks pass
-  // lists of other lengths or tensors of other sizes or dtypes.
+  // Every rank's tensors, out[r][i] rank r's ts[i] (shaped as this rank's ts[i], on its device), in one
+  // exchange however many there are (one collective while they fit in kInlineBytes): a collective costs
+  // milliseconds when ranks share cores, so a list of tensors goes at once. Throws on every rank, naming
+  // the first difference, when the ranks pass lists of other lengths or tensors of other sizes or dtypes.
   std::vector<std::vector<torch::Tensor>> all_gather_many(const std::vector<torch::Tensor>& ts) const;
   void barrier() const;
 
@@ -54,8 +66,13 @@ class Group {
       : impl_(std::move(impl)), rank_(rank), size_(size), name_(std::move(name)) {}
 
  private:
-  void check_same_on_every_rank(const torch::Tensor& t, const char* what,
-                                std::optional<std::chrono::milliseconds> wait = std::nullopt) const;
+  // Every rank's message, which begins with the collective's kind (the enum in group.cpp): throws on
+  // every rank when the ranks are in other collectives.
+  std::vector<std::string> exchange(int64_t kind, const std::string& mine,
+                                    std::optional<std::chrono::milliseconds> wait) const;
+  // Every rank's tensor, checked for size and dtype against t; the bytes follow where `with_data`.
+  std::vector<std::string> exchange_tensor(int64_t kind, const torch::Tensor& t, bool with_data,
+                                           std::optional<std::chrono::milliseconds> wait) const;
   std::shared_ptr<Impl> impl_;
   int rank_, size_;
   std::string name_;

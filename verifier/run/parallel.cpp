@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -66,34 +67,21 @@ double ParallelRun::max(double mine) const {
 }
 
 std::vector<std::vector<double>> ParallelRun::vectors(const std::vector<double>& mine) const {
-  // Gloo gathers equal sizes: the sizes first, then every vector padded to the longest.
-  int64_t longest = 0;
-  std::vector<int64_t> sizes;
-  for (const torch::Tensor& t : world_->all_gather(torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong))) {
-    sizes.push_back(t.item<int64_t>());
-    longest = std::max(longest, sizes.back());
-  }
-  // At least one element: Gloo in LibTorch 1.13 divides by the element count (SIGFPE on empty tensors).
-  torch::Tensor padded = torch::zeros({std::max<int64_t>(longest, 1)}, torch::kDouble);
-  std::copy(mine.begin(), mine.end(), padded.data_ptr<double>());
+  std::string bytes(mine.size() * sizeof(double), '\0');
+  if (!mine.empty()) std::memcpy(bytes.data(), mine.data(), bytes.size());
   std::vector<std::vector<double>> out;
-  const std::vector<torch::Tensor> all = world_->all_gather(padded);
-  for (size_t r = 0; r < all.size(); ++r) {
-    const double* p = all[r].data_ptr<double>();
-    out.emplace_back(p, p + sizes[r]);
+  for (const std::string& theirs : world_->all_gather_bytes(bytes)) {
+    if (theirs.size() % sizeof(double) != 0)
+      throw std::logic_error("parallel: a rank sent " + std::to_string(theirs.size()) + " bytes of doubles");
+    std::vector<double> v(theirs.size() / sizeof(double));
+    if (!v.empty()) std::memcpy(v.data(), theirs.data(), theirs.size());
+    out.push_back(std::move(v));
   }
   return out;
 }
 
 std::vector<std::string> ParallelRun::strings(const std::string& mine) const {
-  std::vector<double> codes(mine.begin(), mine.end());  // bytes as doubles: exact, and one path
-  std::vector<std::string> out;
-  for (const auto& v : vectors(codes)) {
-    std::string s;
-    for (double d : v) s += static_cast<char>(static_cast<int>(d));
-    out.push_back(std::move(s));
-  }
-  return out;
+  return world_->all_gather_bytes(mine);
 }
 
 std::vector<double> ParallelRun::flat(const ParamSet& shard) {

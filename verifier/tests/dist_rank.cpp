@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "verifier/dist/ranks.hpp"
 #include "verifier/dist/reducer.hpp"
 #include "verifier/dist/rng_tracker.hpp"
+#include "verifier/model/memory.hpp"
 #include "verifier/model/model.hpp"
 #include "verifier/model/shard.hpp"
 #include "verifier/tests/dist_rank.hpp"
@@ -671,6 +673,118 @@ int dist_rank_main(int argc, char** argv) {
       }
       return 0;
     }
+    // How collectives travel (group.hpp): a tensor small enough goes with its size check and is summed on
+    // every rank, a larger one goes to Gloo after the check, messages longer than a block take a second
+    // collective. Modes:
+    // - "sums": fp32, fp64, bf16 and int64 tensors on both paths hold the ranks' sum, the same bytes on
+    //   every rank; on two ranks the inline sum equals Gloo's bit for bit (a + b either way). Writes
+    //   "summed <hash of the results>".
+    // - "bytes": messages of 0, 10 and 40000 bytes come back as sent ("gathered").
+    // - "large_mismatch" (rank r passes 5000 + r floats), "straddle" (rank 0 passes 3, the others 5000),
+    //   "kinds" (rank 0 all-reduces, the others all-gather): refused on every rank, naming the sizes or
+    //   the collectives ("refused").
+    if (scenario == "exchange") {
+      const std::string mode = argc > 2 ? argv[2] : "sums";
+      auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+      // Rank r's contribution: irrational-ish values whose sum rounds, so that the order shows.
+      auto part = [](int r, int64_t n, torch::ScalarType type) {
+        const torch::Tensor x = torch::arange(n, torch::kDouble);
+        torch::Tensor v = torch::sin(x * (0.37 + r)) * (1.0 + r / 3.0) + 1.0 / (3.0 + r);
+        if (type == torch::kLong) v = (v * 1000).round();
+        return v.to(type);
+      };
+      try {
+        if (mode == "sums") {
+          std::string hashes, wrong;
+          auto expect = [&](bool ok, const std::string& what, torch::ScalarType type, int64_t n) {
+            if (!ok) wrong += what + "(" + std::string(c10::toString(type)) + "," + std::to_string(n) + ") ";
+          };
+          for (const auto type : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kLong}) {
+            for (const int64_t n : {int64_t{3}, int64_t{5000}}) {
+              torch::Tensor t = part(env.rank, n, type);
+              world->all_reduce_sum_(t);
+              torch::Tensor want = part(0, n, type).to(torch::kDouble);
+              for (int r = 1; r < env.world; ++r) want += part(r, n, type).to(torch::kDouble);
+              const double tol = type == torch::kBFloat16 ? 0.05 : type == torch::kFloat ? 1e-5 : 1e-12;
+              expect(t.scalar_type() == type && t.to(torch::kDouble).sub(want).abs().max().item<double>() <=
+                                                    tol * (1 + want.abs().max().item<double>()),
+                     "sum", type, n);
+              if (n == 3) {
+                // The inline sum in rank order, as group.cpp documents it.
+                const bool narrow = type == torch::kBFloat16;
+                torch::Tensor order = part(0, n, type).to(narrow ? torch::kFloat : type);
+                for (int r = 1; r < env.world; ++r) order.add_(part(r, n, type).to(narrow ? torch::kFloat : type));
+                expect(torch::equal(order.to(type), t), "order", type, n);
+                // On two ranks, Gloo's own sum of the same values (the head of a large tensor) is the same.
+                if (env.world == 2) {
+                  torch::Tensor big = part(env.rank, 5000, type);
+                  big.narrow(0, 0, 3).copy_(part(env.rank, 3, type));
+                  world->all_reduce_sum_(big);
+                  expect(torch::equal(big.narrow(0, 0, 3), t), "gloo", type, n);
+                }
+              }
+              const torch::Tensor bytes = t.contiguous().view(torch::kUInt8);
+              hashes += std::to_string(std::hash<std::string>{}(std::string(static_cast<const char*>(bytes.data_ptr()),
+                                                                            static_cast<size_t>(bytes.numel())))) +
+                        ",";
+            }
+          }
+          write_result(wrong.empty() ? "summed " + hashes : "wrong: " + wrong);
+        } else if (mode == "bytes") {
+          const std::vector<size_t> lengths{0, 10, 40000};
+          auto message = [&](int r) {
+            std::string m(lengths[static_cast<size_t>(r) % lengths.size()], '\0');
+            for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<char>((i * 7 + static_cast<size_t>(r)) % 256);
+            return m;
+          };
+          const std::vector<std::string> all = world->all_gather_bytes(message(env.rank));
+          bool same = static_cast<int>(all.size()) == env.world;
+          for (int r = 0; same && r < env.world; ++r) same = all[static_cast<size_t>(r)] == message(r);
+          write_result(same ? "gathered" : "wrong");
+        } else {
+          torch::Tensor t = torch::ones({mode == "large_mismatch"              ? 5000 + env.rank
+                                         : mode == "straddle" && env.rank == 0 ? 3
+                                                                               : 5000});
+          if (mode == "kinds" && env.rank != 0)
+            world->all_gather(t);
+          else
+            world->all_reduce_sum_(t);
+          write_result("reduced");
+        }
+      } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        const bool named =
+            what.find(mode == "kinds" ? "is in all_reduce, rank" : "elements") != std::string::npos ||
+            (mode == "kinds" && what.find("is in all_gather, rank 0 in all_reduce") != std::string::npos);
+        write_result(named ? "refused" : what);
+      }
+      return 0;
+    }
+    // Collectives charge no LibTorch memory to the run whose step is current (model/memory.hpp): the
+    // memory properties compare runs whose own tensors are a few hundred bytes. Writes "uncharged", or
+    // the bytes charged per collective.
+    if (scenario == "exchange_memory") {
+      auto world = Group::join({env.store, env.rank, env.world, std::chrono::seconds(20)});
+      torch::Tensor small = torch::ones({6, 8}), large = torch::ones({5000}),
+                    half = torch::ones({6, 8}, torch::kBFloat16);
+      world->all_reduce_sum_(small);  // the first collective sets up Gloo's own state
+      const MemoryReporting reporting;
+      MemoryAccount account(c10::DeviceType::CPU);
+      std::string charged;
+      auto measure = [&](const std::string& what, const std::function<void()>& collective) {
+        const ChargeTo to(&account);
+        account.reset_peak();
+        const int64_t before = account.live();
+        collective();
+        if (account.peak() > before) charged += what + ": " + std::to_string(account.peak() - before) + " ";
+      };
+      measure("all_reduce small", [&] { world->all_reduce_sum_(small); });
+      measure("all_reduce bf16", [&] { world->all_reduce_sum_(half); });
+      measure("all_reduce large", [&] { world->all_reduce_sum_(large); });
+      measure("all_gather_bytes", [&] { world->all_gather_bytes(std::string(40000, 'x')); });
+      write_result(charged.empty() ? "uncharged" : charged);
+      return 0;
+    }
     // A list of tensors of several dtypes and shapes (an empty one, bools, bf16) gathered at once; with
     // "mismatch", rank r's second tensor has r + 2 elements; with "length", rank 1 passes one more.
     if (scenario == "gather_many") {
@@ -702,7 +816,7 @@ int dist_rank_main(int argc, char** argv) {
         write_result(same ? "gathered" : "wrong");
       } catch (const std::invalid_argument& e) {
         const std::string what = e.what();
-        const bool named = what.find(mode == "length" ? "elements" : "tensor 1:") != std::string::npos;
+        const bool named = what.find(mode == "length" ? "a list of" : "tensor 1:") != std::string::npos;
         write_result(named ? "refused" : what);
       }
       return 0;

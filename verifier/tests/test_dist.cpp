@@ -397,6 +397,25 @@ TEST_F(Dist, SubgroupsOfOneNameDoNotMeet) {
 
 TEST_F(Dist, CollectivesOfDifferentSizesAreRefusedOnEveryRank) {
   expect_every_rank({"shape_mismatch"}, 2, "refused");
+  // Tensors too large to travel with their check, one on each side of that line, and ranks in other
+  // collectives.
+  expect_every_rank({"exchange", "large_mismatch"}, 2, "refused");
+  expect_every_rank({"exchange", "straddle"}, 3, "refused");
+  expect_every_rank({"exchange", "kinds"}, 3, "refused");
+}
+
+// Small tensors are summed on every rank, larger ones by Gloo: both give the sum, the same bytes on every
+// rank, and on two ranks the same bytes as each other; messages longer than a block arrive whole; and
+// none of it is charged to the memory account of the run whose step it is.
+TEST_F(Dist, SumsAreTheSameOnEveryRankWhicheverWayTheyTravel) {
+  for (const int world : {2, 3}) {
+    const auto o = run({"exchange", "sums"}, world);
+    ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+    EXPECT_EQ(result(0).rfind("summed ", 0), 0u) << world << " ranks: " << result(0);
+    for (int r = 1; r < world; ++r) EXPECT_EQ(result(r), result(0)) << world << " ranks, rank " << r;
+  }
+  expect_every_rank({"exchange", "bytes"}, 3, "gathered");
+  expect_every_rank({"exchange_memory"}, 2, "uncharged");
 }
 
 TEST_F(Dist, CreateGraphThroughARegionIsRefusedNotFirstOrder) {
@@ -448,7 +467,7 @@ TEST_F(Dist, RefusedLaunches) {
   }
 }
 
-// Gloo gathers a list of tensors at once (three collectives): every dtype and shape comes back as it was
+// Gloo gathers a list of tensors at once (one collective when small): every dtype and shape comes back as it was
 // sent, from every rank; lists of other lengths, or a tensor of another size, are refused on every rank,
 // naming the difference.
 TEST_F(Dist, AListOfTensorsIsGatheredAtOnceOrRefused) {
