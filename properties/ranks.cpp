@@ -1,6 +1,7 @@
 // properties/ranks.cpp: check_case_as_ranks (property.hpp), the parent side of a Case with tp or dp > 1;
 // the ranks' side is ckverify's hidden subcommand `rank` (verifier/cli/rank_case.hpp).
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -98,6 +99,17 @@ std::vector<Finding> check_case_as_ranks(const Case& c, const std::string& exe, 
                              ::strsignal(sig) +
                              ") from outside ckverify (a user, a service manager or the kernel's out-of-memory "
                              "killer); nothing was judged");
+  // A rank stopped from outside (SIGSTOP, a debugger) while the others waited for it in a collective,
+  // until their collective timeout: what failed is no Case's doing. A run that passed despite a stop is
+  // judged as it is.
+  const bool all_ok = std::all_of(outcomes.begin(), outcomes.end(),
+                                  [](const dist::RankOutcome& o) { return o.status == dist::RankOutcome::Status::ok; });
+  for (const dist::RankOutcome& o : outcomes)
+    if (o.seen_stopped && !all_ok)
+      throw EnvironmentError("rank " + std::to_string(o.rank) +
+                             " was stopped from outside ckverify (SIGSTOP, SIGTSTP or a debugger) while the other "
+                             "ranks waited for it, and the run ended with " +
+                             dist::first_failure(outcomes)->describe() + "; nothing was judged");
   // 2. A rank that crashed or exited without a word of its own (the implementation's signal or exit):
   // what its peers said came after their collectives lost it.
   const dist::RankOutcome* silent = nullptr;

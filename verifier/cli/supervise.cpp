@@ -21,6 +21,7 @@
 #include "verifier/cli/containment.hpp"
 #include "verifier/cli/scratch.hpp"
 #include "verifier/cli/workers.hpp"
+#include "verifier/dist/proc.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/progress.hpp"
 
@@ -227,7 +228,7 @@ int supervise(const SuperviseOptions& o, const std::function<int()>& body) {
     // not run is nobody's stall.
     if (now - last_loop > std::chrono::seconds(2)) last_progress += now - last_loop;
     // The child alone stopped (SIGSTOP to it, a debugger): not its stall either.
-    else if (process_stopped(pid))
+    else if (dist::process_stopped(pid))
       last_progress += now - last_loop;
     last_loop = now;
     const bool lingering = reported >= 0 && now - reported_at > std::chrono::seconds(5);

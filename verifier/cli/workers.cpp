@@ -29,6 +29,7 @@
 #include "verifier/cli/search.hpp"
 #include "verifier/dist/fd_lines.hpp"
 #include "verifier/dist/fork_server.hpp"
+#include "verifier/dist/proc.hpp"
 #include "verifier/impls/registry.hpp"
 #include "verifier/run/progress.hpp"
 
@@ -162,6 +163,8 @@ struct WorkerPool::Worker {
   double baseline_s = 0.0;
   std::shared_ptr<std::vector<Case>> history = std::make_shared<std::vector<Case>>();  // since it started
   Clock::time_point deadline, checked;
+  Clock::time_point children_checked;  // when its children were last looked at for a stopped one
+  bool child_stopped = false;          // what that look found
 };
 
 std::string channel_token() {
@@ -189,13 +192,6 @@ std::optional<long> oom_kills() {
 }
 
 }  // namespace
-
-bool process_stopped(pid_t pid) {
-  std::ifstream f(fmt::format("/proc/{}/stat", pid));
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');
-  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
-}
 
 namespace {
 
@@ -542,9 +538,15 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
       for (Worker* w : busy) w->deadline += now - expected_wake;
     for (size_t k = 0; k < busy.size(); ++k) {
       Worker& w = *busy[k];
-      // A worker, or its rank fork server, stopped on its own (SIGSTOP to it, a debugger) does not spend
-      // its Case's time.
-      if (process_stopped(w.pid) || (w.rank_server > 0 && process_stopped(w.rank_server)))
+      // A worker, its rank fork server or a rank (a child of either) stopped on its own (SIGSTOP to it, a
+      // debugger) does not spend its Case's time. The children are looked for every 250 ms (a scan of
+      // /proc); a stopped rank whose peers time out waiting for it is the environment's (properties/ranks.cpp).
+      if (now - w.children_checked >= std::chrono::milliseconds(250)) {
+        w.children_checked = now;
+        w.child_stopped = dist::stopped_child({w.pid, w.rank_server}) != 0;
+      }
+      if (w.child_stopped || dist::process_stopped(w.pid) ||
+          (w.rank_server > 0 && dist::process_stopped(w.rank_server)))
         w.deadline += now - w.checked;
       w.checked = now;
       if (n > 0 && polls[k].revents != 0) {

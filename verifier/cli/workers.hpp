@@ -85,9 +85,6 @@ class WorkerPool {
 // main) without exec; CKV_RANK_FORK_SERVER=0 in the environment turns that off (each rank is exec'd).
 int worker_main(const std::string& impl, int threads, int (*program)(int argc, char** argv));
 
-// Whether the process is stopped (SIGSTOP, SIGTSTP, a tracer), from /proc/PID/stat.
-bool process_stopped(pid_t pid);
-
 // 128 random bits in hex: what every message on a channel from ckverify's own code in an
 // implementation's process starts with, so that a line the implementation writes there is told apart.
 std::string channel_token();

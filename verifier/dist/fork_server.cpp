@@ -127,7 +127,8 @@ std::string serve_one(const std::string& request, int fd, RankForkServer::Entry 
                      {"status", status_name(o.status)},
                      {"code", o.code},
                      {"tail", hex(o.stderr_tail)},
-                     {"ended", o.ended}});
+                     {"ended", o.ended},
+                     {"stopped", o.seen_stopped}});
     return json{{"outcomes", out}}.dump();
   } catch (const std::invalid_argument& e) {
     return json{{"error", hex(e.what())}, {"type", "invalid_argument"}}.dump();
@@ -282,6 +283,7 @@ std::vector<RankOutcome> RankForkServer::run(const RankLaunch& launch) {
     r.code = o.at("code").get<int>();
     r.stderr_tail = unhex(o.at("tail"));
     r.ended = o.at("ended").get<int>();
+    r.seen_stopped = o.at("stopped").get<bool>();
     out.push_back(std::move(r));
   }
   return out;

@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "verifier/dist/proc.hpp"
+
 extern char** environ;
 
 namespace ckv::dist {
@@ -232,9 +234,15 @@ std::vector<RankOutcome> run_ranks(const RankLaunch& launch) {
     pids[r] = -1, --running;
   };
   // One pass over the ranks still running; false when a rank was lost (reaped by someone else).
+  auto last_look = start;
   auto sweep = [&] {
+    // Every 50 ms, which rank is stopped from outside: a stop of a collective timeout (seconds) is seen.
+    const auto now = std::chrono::steady_clock::now();
+    const bool look = now - last_look >= std::chrono::milliseconds(50);
+    if (look) last_look = now;
     for (size_t r = 0; r < W; ++r) {
       if (pids[r] < 0) continue;
+      if (look && process_stopped(pids[r])) out[r].seen_stopped = true;
       int status = 0;
       const pid_t got = ::waitpid(pids[r], &status, WNOHANG);
       if (got == pids[r]) note_exit(r, status);

@@ -21,9 +21,12 @@ struct RankOutcome {
   enum class Status { ok, failed, crashed, timed_out, stopped_after_failure };
   int rank = 0;
   Status status = Status::ok;
-  int code = 0;                  // exit status (failed) or signal (crashed)
-  std::string stderr_tail;       // the last lines it wrote to standard error (bounded)
-  int ended = -1;                // the order in which the ranks ended (0 first)
+  int code = 0;             // exit status (failed) or signal (crashed)
+  std::string stderr_tail;  // the last lines it wrote to standard error (bounded)
+  int ended = -1;           // the order in which the ranks ended (0 first)
+  // Whether the rank was seen stopped (SIGSTOP, SIGTSTP, a debugger) while it ran. run_ranks never stops
+  // a rank, so something outside did; its peers' collectives may then have timed out waiting for it.
+  bool seen_stopped = false;
   std::string describe() const;  // one line: "rank 1 crashed (signal 6): ..."
   // The signal that stopped the rank from outside, or 0: SIGKILL, SIGTERM, SIGINT or SIGHUP, which
   // run_ranks sends only to ranks it then counts as timed out or stopped, so a user, a service manager

@@ -15,6 +15,7 @@
 #include "reference/transformer.hpp"
 #include "verifier/checkpoint/checkpoint.hpp"
 #include "verifier/dist/collectives.hpp"
+#include "verifier/dist/proc.hpp"
 #include "verifier/dist/ranks.hpp"
 #include "verifier/dist/reducer.hpp"
 #include "verifier/dist/rng_tracker.hpp"
@@ -622,6 +623,25 @@ int dist_rank_main(int argc, char** argv) {
     auto write_result = [&](const std::string& text) {
       std::ofstream(dir_of(env.store) + "/result" + std::to_string(env.rank) + ".txt") << text << "\n";
     };
+    // Rank 1 stops itself (SIGSTOP, as a user or a debugger would stop it); rank 0 fails once it sees rank
+    // 1 stopped: the launcher must report rank 1 as seen stopped, and rank 0 not.
+    if (scenario == "self_stop") {
+      if (env.rank == 1) {
+        write_result(std::to_string(::getpid()));
+        ::raise(SIGSTOP);
+        return 0;
+      }
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      std::string peer;
+      while (std::chrono::steady_clock::now() < until) {
+        std::ifstream in(dir_of(env.store) + "/result1.txt");
+        if (std::getline(in, peer) && !peer.empty() && process_stopped(std::stoi(peer))) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::cerr << "rank 0: gave up on rank 1\n";
+      return 1;
+    }
     if (scenario == "sleep_pid") {  // every rank: its pid, then sleeps, deaf to SIGTERM
       std::signal(SIGTERM, SIG_IGN);
       write_result(std::to_string(::getpid()));

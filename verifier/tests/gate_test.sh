@@ -416,6 +416,34 @@ if [ -z "$server" ]; then bad "stopped server: no server found"; else
 fi
 wait $pid; rc=$?
 [ $rc = 0 ] || { bad "stopped server: exit $rc, not 0"; cat out.txt err.txt; }
+# A rank stopped from outside (SIGSTOP, a debugger) does not spend its Case's time either: continued
+# after twice the per-case timeout, the run passes. Left stopped, its peers' collectives time out (30 s)
+# and the run is the environment's: exit 2, naming the stop, nothing judged (it was a finding against the
+# implementation). stop_a_rank stops a running rank of the marked run (one that is still there).
+stop_a_rank() {
+  local r k
+  for k in $(seq 300); do
+    r=$(outer_rank "$1" ckverify-rank)
+    if [ -n "$r" ] && kill -STOP "$r" 2>/dev/null; then
+      sleep 0.1
+      [ "$(awk '{print $3}' /proc/$r/stat 2>/dev/null)" = T ] && { echo "$r"; return; }
+    fi
+    sleep 0.05
+  done
+}
+env CKV_TEST_MARK=gate-rank-stop "$ck" check --only tp=2 --cases 20 -j 1 --case-timeout 4 >out.txt 2>err.txt &
+pid=$!
+stopped=$(stop_a_rank gate-rank-stop)
+if [ -z "$stopped" ]; then bad "stopped rank: no rank found"; else sleep 8; kill -CONT "$stopped"; fi
+wait $pid; rc=$?
+[ $rc = 0 ] || { bad "stopped rank: exit $rc, not 0"; cat out.txt err.txt; }
+env CKV_TEST_MARK=gate-rank-stop-long "$ck" check --only tp=2 --cases 20 -j 1 >out.txt 2>err.txt &
+pid=$!
+stopped=$(stop_a_rank gate-rank-stop-long)
+[ -n "$stopped" ] || bad "rank stopped for good: no rank found"
+wait $pid; rc=$?
+[ $rc = 2 ] || { bad "rank stopped for good: exit $rc, not 2"; cat out.txt err.txt; }
+grep -q "was stopped from outside ckverify" err.txt || { bad "rank stopped for good: the stop not named"; cat err.txt; }
 expect 2 "train refuses a tp=2 Case" -- "$ck" train tp.json
 one_line_error "train of a tp=2 Case"
 grep -q "runs as ranks" err.txt || { bad "train tp=2: the reason"; cat err.txt; }

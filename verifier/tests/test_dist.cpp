@@ -385,6 +385,24 @@ TEST_F(Dist, AFloodedStandardErrorGivesABoundedTail) {
   EXPECT_NE(o[0].stderr_tail.find("the end"), std::string::npos) << o[0].stderr_tail.substr(0, 200);
 }
 
+// A rank stopped from outside (SIGSTOP) is reported as seen stopped, and only that rank, whether the
+// ranks are exec'd or forked by a server; a rank never stopped is not.
+TEST_F(Dist, ARankStoppedFromOutsideIsSeenStopped) {
+  for (RankForkServer* via : {static_cast<RankForkServer*>(nullptr), servers.main.get()}) {
+    via_ = via;
+    const auto o = run({"self_stop"}, 2, 60000, 1000);
+    ASSERT_EQ(o.size(), 2u);
+    EXPECT_EQ(o[0].status, RankOutcome::Status::failed) << describe(o);
+    EXPECT_EQ(o[1].status, RankOutcome::Status::stopped_after_failure) << describe(o);
+    EXPECT_FALSE(o[0].seen_stopped) << (via ? "server" : "exec");
+    EXPECT_TRUE(o[1].seen_stopped) << (via ? "server" : "exec");
+  }
+  via_ = nullptr;
+  const auto o = run({"all_reduce"}, 2);
+  ASSERT_EQ(first_failure(o), nullptr) << describe(o);
+  EXPECT_FALSE(o[0].seen_stopped || o[1].seen_stopped);
+}
+
 // Two disjoint subgroups of one name are two groups: {0,1} sums 1+2, {2,3} sums 3+4.
 TEST_F(Dist, SubgroupsOfOneNameDoNotMeet) {
   const auto o = run({"same_name"}, 4);
