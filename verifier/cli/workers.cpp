@@ -163,7 +163,8 @@ struct WorkerPool::Worker {
   double baseline_s = 0.0;
   std::shared_ptr<std::vector<Case>> history = std::make_shared<std::vector<Case>>();  // since it started
   Clock::time_point deadline, checked;
-  Clock::time_point children_checked;  // when its children were last looked at for a stopped one
+  bool as_ranks = false;               // its Case runs as ranks (tp or dp > 1)
+  Clock::time_point children_checked;  // when its children were last looked at for a stopped rank
   bool child_stopped = false;          // what that look found
 };
 
@@ -497,6 +498,7 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
       w->baseline_started = false, w->baseline_done = w->baseline_of = 0, w->baseline_s = 0.0;
       w->deadline = Clock::now() + timeout;
       w->checked = Clock::now();
+      w->as_ranks = cases[next].ranks() > 1, w->child_stopped = false;
       ++next;
     }
     std::vector<pollfd> polls;
@@ -539,9 +541,10 @@ std::vector<std::optional<std::vector<Finding>>> WorkerPool::run(const std::vect
     for (size_t k = 0; k < busy.size(); ++k) {
       Worker& w = *busy[k];
       // A worker, its rank fork server or a rank (a child of either) stopped on its own (SIGSTOP to it, a
-      // debugger) does not spend its Case's time. The children are looked for every 250 ms (a scan of
-      // /proc); a stopped rank whose peers time out waiting for it is the environment's (properties/ranks.cpp).
-      if (now - w.children_checked >= std::chrono::milliseconds(250)) {
+      // debugger) does not spend its Case's time. The ranks are looked for every 250 ms (a scan of /proc)
+      // while a Case runs as ranks; a stopped rank whose peers time out waiting for it is the
+      // environment's (properties/ranks.cpp).
+      if (w.as_ranks && now - w.children_checked >= std::chrono::milliseconds(250)) {
         w.children_checked = now;
         w.child_stopped = dist::stopped_child({w.pid, w.rank_server}) != 0;
       }
