@@ -16,11 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+
+#include "verifier/dist/proc.hpp"
 
 namespace ckv::cli {
 
@@ -213,7 +213,8 @@ void become_subreaper() {
 }
 
 namespace {
-// This process's children, from /proc/PID/stat (field 4 is the parent's pid).
+// This process's children, from /proc/PID/stat (dist/proc.hpp: a child that ends while it is read is
+// skipped, not an error).
 std::vector<pid_t> children() {
   std::vector<pid_t> out;
   const pid_t self = ::getpid();
@@ -223,14 +224,8 @@ std::vector<pid_t> children() {
     char* end = nullptr;
     const long pid = std::strtol(e->d_name, &end, 10);
     if (pid <= 0 || *end != '\0') continue;
-    std::ifstream f(fmt::format("/proc/{}/stat", pid));
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const size_t close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    long ppid = 0;
-    if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &ppid) == 2 && ppid == self)
-      out.push_back(static_cast<pid_t>(pid));
+    const std::optional<dist::ProcStat> s = dist::proc_stat(static_cast<pid_t>(pid));
+    if (s && s->parent == self) out.push_back(static_cast<pid_t>(pid));
   }
   ::closedir(d);
   return out;

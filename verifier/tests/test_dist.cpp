@@ -19,6 +19,7 @@
 
 #include "verifier/dist/collectives.hpp"
 #include "verifier/dist/fork_server.hpp"
+#include "verifier/dist/proc.hpp"
 #include "verifier/dist/ranks.hpp"
 #include "verifier/dist/rng_tracker.hpp"
 #include "verifier/tests/dist_rank.hpp"
@@ -401,6 +402,35 @@ TEST_F(Dist, ARankStoppedFromOutsideIsSeenStopped) {
   const auto o = run({"all_reduce"}, 2);
   ASSERT_EQ(first_failure(o), nullptr) << describe(o);
   EXPECT_FALSE(o[0].seen_stopped || o[1].seen_stopped);
+}
+
+// /proc as the stop checks read it: a stopped child is seen stopped, with its parent; a process that
+// ends between the open of its stat and the read is gone, not an error (std::ifstream threw there,
+// seen in CI as "internal error: basic_filebuf::underflow error reading the file").
+TEST(Proc, StateParentAndAProcessThatEndsWhileRead) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::raise(SIGSTOP);
+    ::_exit(0);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  EXPECT_TRUE(process_stopped(child));
+  EXPECT_EQ(stopped_child({::getpid()}), child);
+  const std::optional<ProcStat> s = proc_stat(child);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->parent, ::getpid());
+  const int fd = ::open(("/proc/" + std::to_string(child) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_FALSE(read_proc_stat(fd).has_value());
+  ::close(fd);
+  EXPECT_FALSE(proc_stat(child).has_value());
+  EXPECT_FALSE(process_stopped(child));
+  EXPECT_EQ(stopped_child({::getpid()}), 0);
 }
 
 // Two disjoint subgroups of one name are two groups: {0,1} sums 1+2, {2,3} sums 3+4.
